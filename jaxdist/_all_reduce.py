@@ -22,18 +22,10 @@ from jax import lax
 from jaxdist import _compile
 from jaxdist._cross_device_ops import CrossDeviceOps, ReductionToOneDevice, place
 from jaxdist._devices import AXIS, Replicas
+from jaxdist._layout import is_tracer, shard_rows, stacked_devices
 from jaxdist._reduce_op import ReduceOp, finish
 from jaxdist._validate import check_int
-from jaxdist._values import (
-    DistributedValues,
-    Mirrored,
-    from_stacked,
-    is_tracer,
-    num_components,
-    shard_rows,
-    stack,
-    stacked_devices,
-)
+from jaxdist._values import DistributedValues, Mirrored, from_stacked, num_components, stack
 
 
 def split_packs(sizes: list[int], num_packs: int, bytes_per_pack: int, itemsize: int) -> list:

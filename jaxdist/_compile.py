@@ -26,8 +26,8 @@ import numpy as np
 
 from jaxdist import _inflight
 from jaxdist._devices import AXIS, Replicas
+from jaxdist._layout import globalize
 from jaxdist._validate import describe
-from jaxdist._values import globalize
 
 # -- tracing --------------------------------------------------------------------------
 

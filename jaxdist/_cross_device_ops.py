@@ -29,24 +29,20 @@ import numpy as np
 
 from jaxdist import _context
 from jaxdist._devices import Replicas, resolve_device
+from jaxdist._layout import all_on_cpu, as_array, broadcast_rows, is_tracer, stacked_devices
 from jaxdist._options import CommunicationOptions, check_communication_options
 from jaxdist._reduce_op import ReduceOp, finish, parse_reduce_op
 from jaxdist._validate import check_callable
 from jaxdist._values import (
     DistributedValues,
     Mirrored,
-    all_on_cpu,
-    as_array,
-    broadcast_rows,
     component_devices,
     from_parts,
     from_stacked,
     is_distributed,
-    is_tracer,
     num_components,
     stack,
     stacked,
-    stacked_devices,
 )
 
 # -- TF's rules --------------------------------------------------------------------------

@@ -26,16 +26,9 @@ from jaxdist._cross_device_ops import (
     place,
 )
 from jaxdist._devices import Replicas
+from jaxdist._layout import as_array, is_tracer, stacked_devices
 from jaxdist._reduce_op import ReduceOp, parse_reduce_op
-from jaxdist._values import (
-    DistributedValues,
-    as_array,
-    component_devices,
-    is_distributed,
-    is_traced,
-    is_tracer,
-    stacked_devices,
-)
+from jaxdist._values import DistributedValues, component_devices, is_distributed, is_traced
 
 LOCAL, DEFAULT, MULTI_WORKER = "local", "default", "multi_worker"
 

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdist._default import get_replica_context, has_strategy, in_cross_replica_context
+from jaxdist._layout import is_tracer
 from jaxdist._validate import is_int
-from jaxdist._values import is_tracer
 
 
 def _numeric(value: Any, name: str) -> jax.Array:

@@ -20,17 +20,10 @@ import numpy as np
 
 from jaxdist import _compile, _replay
 from jaxdist._devices import Replicas
+from jaxdist._layout import as_array, is_tracer
 from jaxdist._reduce import all_rows
 from jaxdist._validate import hashable_arg, is_number
-from jaxdist._values import (
-    as_array,
-    combine_parts,
-    from_parts,
-    is_distributed,
-    is_tracer,
-    parts,
-    select,
-)
+from jaxdist._values import combine_parts, from_parts, is_distributed, parts, select
 
 
 def split_inputs(args: tuple, kwargs: dict, n: int) -> list:

@@ -25,18 +25,15 @@ from jaxdist._cross_device_ops import (
     effective_ops,
 )
 from jaxdist._devices import AXIS, Replicas
+from jaxdist._layout import all_on_cpu, as_array, is_tracer, shard_rows
 from jaxdist._reduce_op import ReduceOp, finish
 from jaxdist._values import (
     DistributedValues,
-    all_on_cpu,
-    as_array,
     from_parts,
     from_stacked,
     is_distributed,
     is_traced,
-    is_tracer,
     padded,
-    shard_rows,
     stack,
 )
 

@@ -28,9 +28,10 @@ import jax.numpy as jnp
 
 from jaxdist import _compile, _context
 from jaxdist._cross_device_ops import accumulation_for
+from jaxdist._layout import as_array, is_array, is_tracer
 from jaxdist._reduce_op import ReduceOp, finish
 from jaxdist._replica_context import Collectives, gather_leaf, make_replica_context
-from jaxdist._values import as_array, from_parts, from_stacked, is_array, is_tracer, select
+from jaxdist._values import from_parts, from_stacked, select
 
 MAX_COLLECTIVES = 10_000
 
@@ -190,94 +191,107 @@ def trace_groups(strategy: Any, cdo: Any, fn: Callable, inputs: list, devices: t
     known: list[tuple[str, list]] = []
     invariant: dict[int, Any] = {}
     for _ in range(MAX_COLLECTIVES):
-        runs = [_run_group(strategy, fn, inputs, members, known, n, devices) for members in groups]
-        if all(r["pending"] is None for r in runs):
+        runs = [_GroupPass(strategy, fn, inputs, members, known, n, devices) for members in groups]
+        if all(r.pending is None for r in runs):
             outs: list = [None] * n
             for members, r in zip(groups, runs):
                 for g, i in enumerate(members):
-                    outs[i] = r["output"](g, i)
+                    outs[i] = r.output(g, i)
             return outs, invariant
-        kinds = [r["pending"][0] if r["pending"] else "returned" for r in runs]
+        kinds = [r.pending[0] if r.pending else "returned" for r in runs]
         if len(set(kinds)) != 1 or "returned" in kinds:
             raise _mismatch(f"collective {len(known)}", kinds)
         payloads: list = [None] * n
         for members, r in zip(groups, runs):
             for g, i in enumerate(members):
-                payloads[i] = r["payload"](g)
+                payloads[i] = r.payload(g)
         known.append((kinds[0], combine(strategy, cdo, n, kinds[0], payloads, invariant)))
     raise RuntimeError(f"A partial-batch step called more than {MAX_COLLECTIVES} collectives.")
 
 
-def _run_group(strategy, fn, inputs, members, known, n, devices) -> dict:
-    """One pass over one group: fn vmapped over its members, up to the pending collective."""
-    flat = [jax.tree.flatten(inputs[i]) for i in members]
-    in_tree = flat[0][1]
-    columns = list(zip(*[f[0] for f in flat]))
-    shared = [all(x is c[0] for x in c) or not is_array(c[0]) for c in columns]
-    batched_in = [jnp.stack([as_array(x) for x in c]) for c, s in zip(columns, shared) if not s]
-    known_in = [jax.tree.map(_stack, *[res[i] for i in members]) for _, res in known]
-    ids = jnp.asarray(members, jnp.int32)
-    record: dict = {"pending": None, "layout": None}
-    group_devices = tuple(devices[i] for i in members)
+class _GroupPass:
+    """One pass over one group: ``fn`` vmapped over the group's members, up to the pending
+    collective (whose input it records), with the known collectives' results fed in."""
 
-    def body(rid: Any, batched: list, known_rows: list) -> tuple:
+    def __init__(self, strategy, fn, inputs, members, known, n, devices) -> None:
+        self.strategy, self.fn, self.members, self.known, self.n = strategy, fn, members, known, n
+        self.devices = tuple(devices[i] for i in members)
+        flat = [jax.tree.flatten(inputs[i]) for i in members]
+        self.in_tree = flat[0][1]
+        self.columns = list(zip(*[f[0] for f in flat]))
+        self.shared = [all(x is c[0] for x in c) or not is_array(c[0]) for c in self.columns]
+        self.pending: Any = None
+        self.layout: list[tuple[str, Any]] = []
+        batched = [jnp.stack([as_array(x) for x in c]) for c, s in self._columns() if not s]
+        known_in = [jax.tree.map(_stack, *[res[i] for i in members]) for _, res in known]
+        ids = jnp.asarray(members, jnp.int32)
+        self.batched_out, self.payload_leaves = jax.vmap(self._body)(ids, batched, known_in)
+
+    def _columns(self) -> zip:
+        return zip(self.columns, self.shared)
+
+    def _body(self, rid: Any, batched: list, known_rows: list) -> tuple:
         it = iter(batched)
-        leaves = [c[0] if s else next(it) for c, s in zip(columns, shared)]
-        args, kwargs = jax.tree.unflatten(in_tree, leaves)
-        trace = _compile.current_trace()
-        count, payload_out = [0], []
+        leaves = [c[0] if s else next(it) for c, s in self._columns()]
+        args, kwargs = jax.tree.unflatten(self.in_tree, leaves)
+        trace, count, payload_out = _compile.current_trace(), [0], []
 
         def call(kind: str, *payload: Any) -> Any:
             k, count[0] = count[0], count[0] + 1
-            if k < len(known):
-                if known[k][0] != kind:
-                    raise _mismatch(f"collective {k}", [kind, known[k][0]])
+            if k < len(self.known):
+                if self.known[k][0] != kind:
+                    raise _mismatch(f"collective {k}", [kind, self.known[k][0]])
                 return known_rows[k]
-            if k == len(known):
+            if k == len(self.known):
                 arrays, static = _split_payload(kind, payload)
-                record["pending"] = (kind, static, jax.tree.structure(arrays))
+                self.pending = (kind, static, jax.tree.structure(arrays))
                 payload_out.extend(jax.tree.leaves(arrays))
-            return _stand_in(strategy, n, kind, payload)
+            return _stand_in(self.strategy, self.n, kind, payload)
 
-        ctx = make_replica_context(strategy, _collectives(call, lambda: rid, group_devices))
-        with _context.enter(_context.replica_state(strategy, ctx)):
-            out = fn(*args, **kwargs)
-        out_leaves, record["out_tree"] = jax.tree.flatten(out)
-        known_ids = {
-            id(x): (k, j)
-            for k, row in enumerate(known_rows)
-            for j, x in enumerate(jax.tree.leaves(row))
-        }
-        layout: list[tuple[str, Any]] = []
-        for x in out_leaves:
-            if id(x) in known_ids:
-                layout.append(("known", known_ids[id(x)]))
-            elif _compile.is_inner_tracer(x, trace):
-                layout.append(("batched", None))
-            else:
-                layout.append(("const", x))
-        record["layout"] = layout
-        return [x for x, (kind, _) in zip(out_leaves, layout) if kind == "batched"], payload_out
+        ctx = make_replica_context(self.strategy, _collectives(call, lambda: rid, self.devices))
+        with _context.enter(_context.replica_state(self.strategy, ctx)):
+            out = self.fn(*args, **kwargs)
+        out_leaves, self.out_tree = jax.tree.flatten(out)
+        self.layout = _classify(out_leaves, known_rows, trace)
+        batched_out = [x for x, (kind, _) in zip(out_leaves, self.layout) if kind == "batched"]
+        return batched_out, payload_out
 
-    batched_out, payload_leaves = jax.vmap(body)(ids, batched_in, known_in)
-
-    def output(g: int, i: int) -> Any:
-        it = iter(batched_out)
+    def output(self, g: int, i: int) -> Any:
+        """Member ``g`` (replica ``i``)'s output."""
+        it = iter(self.batched_out)
         leaves = []
-        for kind, what in record["layout"]:
+        for kind, what in self.layout:
             if kind == "batched":
                 leaves.append(next(it)[g])
             elif kind == "known":
-                leaves.append(jax.tree.leaves(known[what[0]][1][i])[what[1]])
+                leaves.append(jax.tree.leaves(self.known[what[0]][1][i])[what[1]])
             else:
                 leaves.append(what)
-        return jax.tree.unflatten(record["out_tree"], leaves)
+        return jax.tree.unflatten(self.out_tree, leaves)
 
-    def payload(g: int) -> tuple:
-        kind, static, tree = record["pending"]
-        return _join_payload(kind, static, jax.tree.unflatten(tree, [x[g] for x in payload_leaves]))
+    def payload(self, g: int) -> tuple:
+        """Member ``g``'s input to the pending collective."""
+        kind, static, tree = self.pending
+        rows = jax.tree.unflatten(tree, [x[g] for x in self.payload_leaves])
+        return _join_payload(kind, static, rows)
 
-    return {"pending": record["pending"], "output": output, "payload": payload}
+
+def _classify(out_leaves: list, known_rows: list, trace: Any) -> list[tuple[str, Any]]:
+    """Each output: a known collective's result fed in, computed (batched), or a constant."""
+    known_ids = {
+        id(x): (k, j)
+        for k, row in enumerate(known_rows)
+        for j, x in enumerate(jax.tree.leaves(row))
+    }
+    layout: list[tuple[str, Any]] = []
+    for x in out_leaves:
+        if id(x) in known_ids:
+            layout.append(("known", known_ids[id(x)]))
+        elif _compile.is_inner_tracer(x, trace):
+            layout.append(("batched", None))
+        else:
+            layout.append(("const", x))
+    return layout
 
 
 def _stack(*rows: Any) -> Any:

@@ -29,16 +29,11 @@ from jax import lax
 from jaxdist import _context
 from jaxdist._cross_device_ops import accumulation_for
 from jaxdist._devices import AXIS
+from jaxdist._layout import as_array, is_tracer
 from jaxdist._options import check_communication_options
 from jaxdist._reduce_op import ReduceOp, finish, parse_reduce_op
 from jaxdist._validate import check_fn_args, check_instance
-from jaxdist._values import (
-    as_array,
-    from_stacked,
-    is_distributed,
-    is_tracer,
-    stack,
-)
+from jaxdist._values import from_stacked, is_distributed, stack
 
 
 class Collectives(NamedTuple):

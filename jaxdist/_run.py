@@ -30,9 +30,10 @@ from jax import lax
 
 from jaxdist import _compile, _context, _ragged
 from jaxdist._devices import AXIS, Replicas
+from jaxdist._layout import is_tracer, shard_rows
 from jaxdist._replica_context import compiled_collectives, make_replica_context
 from jaxdist._validate import describe, hashable_arg, is_number
-from jaxdist._values import from_stacked, is_distributed, is_tracer, num_components, shard_rows
+from jaxdist._values import from_stacked, is_distributed, num_components
 from jaxdist._values import stack as stack_value
 
 MAPPED, BROADCAST, STATIC = "m", "b", "s"

@@ -33,103 +33,22 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
 
 from jaxdist import _inflight
 from jaxdist._devices import AXIS, Replicas
+from jaxdist._layout import (
+    as_array,
+    is_array,
+    is_tracer,
+    only_lengths_differ,
+    pad_rows,
+    shard_rows,
+    sorted_shards,
+    stack_on_devices,
+    stacked_devices,
+)
 
 __all__ = ["AXIS"]
-
-# -- layout functions on stacked arrays ---------------------------------------------
-
-
-def is_array(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, np.generic))
-
-
-def is_tracer(x: Any) -> bool:
-    return isinstance(x, jax.core.Tracer)
-
-
-def all_on_cpu(x: jax.Array, devices: Sequence[jax.Device]) -> bool:
-    return all(d.platform == "cpu" for d in (*x.devices(), *devices))
-
-
-def _row_on(part: Any, device: jax.Device) -> jax.Array:
-    """``part`` as a ``(1, *shape)`` array on ``device`` (a zero-copy view between CPUs).
-
-    ``np.asarray`` of a CPU array is a read-only view of its buffer, and
-    `jax.device_put` of a read-only array aliases it (jax arrays are immutable).
-    """
-    if isinstance(part, jax.Array):
-        if device.platform == "cpu" and all(d.platform == "cpu" for d in part.devices()):
-            return jax.device_put(np.asarray(part)[None], device)
-        return jax.device_put(part, device)[None]
-    return jax.device_put(np.asarray(part)[None], device)
-
-
-def stack_on_devices(parts: Sequence[Any], replicas: Replicas) -> jax.Array:
-    """Stacks same-shaped per-replica values into one array sharded over the replicas.
-
-    Each part moves to its own device only. With replicas in several processes,
-    ``parts`` holds one value per replica or per local replica, and the result is
-    the global array (this process gives its own rows).
-    """
-    local = replicas.local
-    if len(parts) == replicas.num and replicas.multi_process:
-        parts = [parts[i] for i in local]
-    elif len(parts) != len(local):
-        raise ValueError(
-            f"Got {len(parts)} per-replica values for {replicas.num} replicas, "
-            f"{len(local)} of them in this process; give one value per replica."
-        )
-    shards = [_row_on(p, d) for p, d in zip(parts, replicas.local_devices)]
-    shape = (replicas.num, *shards[0].shape[1:])
-    return jax.make_array_from_single_device_arrays(shape, replicas.sharding, shards)
-
-
-def broadcast_rows(value: jax.Array, replicas: Replicas) -> jax.Array:
-    """``value`` stacked once per replica (a Mirrored layout); zero-copy between CPUs."""
-    if not replicas.multi_process and all_on_cpu(value, replicas.devices):
-        view = np.broadcast_to(np.asarray(value)[None], (replicas.num, *value.shape))
-        return jax.device_put(view, replicas.sharding)
-    return stack_on_devices([value] * replicas.num, replicas)
-
-
-def globalize(local: jax.Array, sharding: NamedSharding) -> jax.Array:
-    """A multi-process `jax.pmap` output (this process's rows) as the global stacked array."""
-    rows = [s.data for s in local.addressable_shards]
-    shape = (sharding.mesh.devices.size, *local.shape[1:])
-    return jax.make_array_from_single_device_arrays(shape, sharding, rows)
-
-
-def _sorted_shards(stacked: jax.Array) -> list:
-    return sorted(stacked.addressable_shards, key=lambda s: s.index[0].start or 0)
-
-
-def shard_rows(stacked: Any) -> tuple:
-    """The local rows of a stacked value, each a committed array on its device.
-
-    Tracers and arrays not split one row per device are sliced instead; shape
-    descriptions (`jax.ShapeDtypeStruct`) give one description per row.
-    """
-    if isinstance(stacked, jax.ShapeDtypeStruct):
-        row = jax.ShapeDtypeStruct(stacked.shape[1:], stacked.dtype)
-        return (row,) * stacked.shape[0]
-    if not isinstance(stacked, jax.Array) or is_tracer(stacked):
-        return tuple(stacked[i] for i in range(np.shape(stacked)[0]))
-    shards = _sorted_shards(stacked)
-    if any(s.data.shape[:1] != (1,) for s in shards):
-        return tuple(stacked[i] for i in range(stacked.shape[0]))
-    return tuple(s.data.reshape(s.data.shape[1:]) for s in shards)
-
-
-def stacked_devices(stacked: jax.Array) -> tuple[jax.Device, ...]:
-    sharding = stacked.sharding
-    if isinstance(sharding, NamedSharding) and sharding.mesh.axis_names == (AXIS,):
-        return tuple(sharding.mesh.devices.flat)
-    return tuple(s.device for s in _sorted_shards(stacked))
-
 
 # -- the classes --------------------------------------------------------------------
 
@@ -334,7 +253,7 @@ def _padded_rows(data: Any, lengths: tuple) -> tuple:
     """The true rows of a padded value: this process's rows, each cut to its length."""
     rows = shard_rows(data)
     if isinstance(data, jax.Array) and not is_tracer(data) and len(rows) != len(lengths):
-        starts = [s.index[0].start or 0 for s in _sorted_shards(data)]
+        starts = [s.index[0].start or 0 for s in sorted_shards(data)]
         return tuple(_head(r, lengths[i]) for r, i in zip(rows, starts))
     return tuple(_head(r, n) for r, n in zip(rows, lengths))
 
@@ -370,29 +289,6 @@ def from_padded(x: Any, lengths: Sequence[int], cls: type | None = None) -> Any:
 def padded(v: DistributedValues) -> tuple | None:
     """``(stacked array, lengths)`` of a padded value, else None."""
     return (v._data, v._lengths) if v._layout == _PADDED else None
-
-
-def pad_rows(rows: Sequence[Any]) -> Any:
-    """Same-trailing-shape arrays, zero-padded along axis 0 and stacked (jax.numpy)."""
-    size = max(np.shape(r)[0] for r in rows)
-    return jnp.stack(
-        [jnp.pad(r, [(0, size - np.shape(r)[0])] + [(0, 0)] * (np.ndim(r) - 1)) for r in rows]
-    )
-
-
-def only_lengths_differ(rows: Sequence[Any]) -> bool:
-    """Whether ``rows`` are arrays of one dtype whose shapes differ only in axis 0."""
-    if not all(is_array(r) for r in rows) or any(np.ndim(r) == 0 for r in rows):
-        return False
-    return (
-        len(
-            {
-                (np.shape(r)[1:], np.asarray(r).dtype if isinstance(r, np.ndarray) else r.dtype)
-                for r in rows
-            }
-        )
-        == 1
-    )
 
 
 def is_distributed(x: Any) -> bool:
@@ -458,10 +354,6 @@ def stack(v: DistributedValues, replicas: Replicas | None = None) -> Any:
         cached = (replicas.devices, stack_on_devices(data, replicas))
         object.__setattr__(v, "_stack_cache", cached)
     return cached[1]
-
-
-def as_array(x: Any) -> Any:
-    return x if isinstance(x, jax.Array) else jnp.asarray(x)
 
 
 def combine_parts(parts: Sequence[Any], replicas: Replicas | None) -> Any:
