@@ -158,6 +158,11 @@ class Replicas:
         """The sharding of stacked values: one leading row per replica device."""
         return replica_sharding(self.devices)
 
+    @functools.cached_property
+    def replicated(self) -> NamedSharding:
+        """The sharding of a value held whole on every replica device."""
+        return NamedSharding(self.sharding.mesh, PartitionSpec())
+
     def strings(self, local_only: bool = False) -> tuple[str, ...]:
         """The devices as TF-style strings (this process's only, with ``local_only``)."""
         devices = self.local_devices if local_only else self.devices

@@ -16,11 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxdist import _compile, _replay
-from jaxdist._devices import Replicas
-from jaxdist._layout import as_array, is_tracer
+from jaxdist._devices import AXIS, Replicas
+from jaxdist._layout import as_array, is_array, is_tracer
 from jaxdist._reduce import all_rows
 from jaxdist._validate import hashable_arg, is_number
 from jaxdist._values import combine_parts, from_parts, is_distributed, parts, select
@@ -77,10 +78,56 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
             is_leaf=is_distributed,
         )
     if traced:
+        args, kwargs = _constrain((args, kwargs), replicas, into=True)
         inputs = split_inputs(args, kwargs, replicas.num)
         outs, invariant = _replay.trace(strategy, cdo, fn, inputs, devices)
-        return regroup(outs, invariant, None)
+        out = regroup(outs, invariant, None)
+        return _constrain(out, replicas, into=False)
     return _run_compiled(strategy, replicas, cdo, fn, (args, kwargs), devices)
+
+
+def _constrain(tree: Any, replicas: Replicas, into: bool) -> Any:
+    """Traced: the stacked and padded arrays of ``tree``'s distributed values made whole
+    on every replica device (``into`` the step; plain arrays too), or split over the
+    replicas again (out of it).
+
+    Replicas slice their own rows out of the inputs. Left to the compiler, slices of
+    arrays split over the devices became hundreds of collective permutes and
+    all-to-alls (120 ms a step for the demo's MLP on 8 CPU devices). Whole inputs
+    cost one all-gather each and every device then computes the step (8 ms). The
+    moves are `jax.shard_map`s, so the compiler cannot spread a layout across them.
+    """
+
+    def place(v: Any) -> Any:
+        if is_distributed(v):
+            if parts(v) is not None:
+                return v
+            return jax.tree.map(lambda a: _move(as_array(a), replicas, into), v)
+        if into and is_array(v) and jnp.ndim(v):
+            return jax.lax.with_sharding_constraint(v, replicas.replicated)
+        return v
+
+    return jax.tree.map(place, tree, is_leaf=is_distributed)
+
+
+def _move(a: jax.Array, replicas: Replicas, into: bool) -> jax.Array:
+    split, whole = replicas.sharding.spec, replicas.replicated.spec
+    body = _gather_rows if into else _own_row
+    return jax.shard_map(
+        body,
+        mesh=replicas.sharding.mesh,
+        in_specs=split if into else whole,
+        out_specs=whole if into else split,
+        check_vma=False,
+    )(a)
+
+
+def _gather_rows(x: jax.Array) -> jax.Array:
+    return jax.lax.all_gather(x, AXIS, tiled=True)
+
+
+def _own_row(x: jax.Array) -> jax.Array:
+    return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(AXIS), 1)
 
 
 def _run_compiled(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, inputs, devices):
@@ -117,13 +164,9 @@ def _run_compiled(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, inp
 
     program, info = _compile.steps.get(fn, key, build)
     first = [replicas.first_device] * len(arrays)
-    traced = iter(program(jax.device_put([as_array(flat[i]) for i in arrays], first)))
+    traced = iter(program(jax.device_put([_host_view(flat[i], replicas) for i in arrays], first)))
     out = [next(traced) if c is None else c[0] for c in info["consts"]]
-    return jax.tree.map(
-        lambda v: _to_replicas(v, replicas),
-        jax.tree.unflatten(info["treedef"], out),
-        is_leaf=is_distributed,
-    )
+    return _to_replicas(jax.tree.unflatten(info["treedef"], out), replicas)
 
 
 def _everywhere(value: Any, replicas: Replicas) -> Any:
@@ -137,27 +180,50 @@ def _everywhere(value: Any, replicas: Replicas) -> Any:
     return jax.tree.unflatten(jax.tree.structure(value), [full])
 
 
-def _to_replicas(value: Any, replicas: Replicas) -> Any:
-    """A distributed output computed on the first device, moved to the replicas' devices
-    (this worker's replicas only, with several workers)."""
-    if not is_distributed(value):
-        return value
-    parts_ = parts(value)
-    if parts_ is not None:
-        mine = [parts_[i] for i in replicas.local]
-        return from_parts(jax.device_put(mine, list(replicas.local_devices)))
-    return jax.tree.map(lambda a: _place(a, replicas), value)
+def _to_replicas(tree: Any, replicas: Replicas) -> Any:
+    """The distributed values of ``tree``, computed on the first device, moved to the
+    replicas' devices (this worker's replicas only, with several workers)."""
+    leaves, treedef = jax.tree.flatten(tree, is_leaf=is_distributed)
+    stacked = []
+    for i, v in enumerate(leaves):
+        components = parts(v) if is_distributed(v) else None
+        if components is not None:
+            mine = [components[r] for r in replicas.local]
+            leaves[i] = from_parts(jax.device_put(mine, list(replicas.local_devices)))
+        elif is_distributed(v):
+            stacked.append(i)
+    arrays = [jax.tree.leaves(leaves[i]) for i in stacked]
+    placed = iter(_place([a for row in arrays for a in row], replicas))
+    for i, row in zip(stacked, arrays):
+        leaves[i] = jax.tree.unflatten(jax.tree.structure(leaves[i]), [next(placed) for _ in row])
+    return jax.tree.unflatten(treedef, leaves)
 
 
-def _place(full: jax.Array, replicas: Replicas) -> jax.Array:
+def _place(full: list[jax.Array], replicas: Replicas) -> list[jax.Array]:
     if not replicas.multi_process:
         # Between CPU devices, through a host view: splitting a device array compiles a
-        # slicing program per shape (0.1 s each), splitting a NumPy view does not.
-        return jax.device_put(np.asarray(full) if replicas.on_cpu else full, replicas.sharding)
-    rows = [
-        jax.device_put(full[i : i + 1], d) for i, d in zip(replicas.local, replicas.local_devices)
+        # slicing program per shape (0.1 s each), splitting a NumPy view does not. One
+        # device_put for every array.
+        host = [np.asarray(a) for a in full] if replicas.on_cpu else full
+        return jax.device_put(host, [replicas.sharding] * len(full))
+    return [
+        jax.make_array_from_single_device_arrays(
+            a.shape,
+            replicas.sharding,
+            [
+                jax.device_put(a[i : i + 1], d)
+                for i, d in zip(replicas.local, replicas.local_devices)
+            ],
+        )
+        for a in full
     ]
-    return jax.make_array_from_single_device_arrays(full.shape, replicas.sharding, rows)
+
+
+def _host_view(x: Any, replicas: Replicas) -> Any:
+    """``x`` to send to the first device: spread over CPU devices, a NumPy view (one
+    copy; gathering a device array to one device takes JAX's slow path)."""
+    spread = isinstance(x, jax.Array) and len(x.sharding.device_set) > 1
+    return np.asarray(x) if spread and replicas.on_cpu and x.is_fully_addressable else as_array(x)
 
 
 def _is_array_or_number(x: Any) -> bool:
