@@ -180,11 +180,8 @@ def main():
     ):
         ours, raw = make(strategy)
         r = common.paired(ours, raw, n)
-        a, b, lo, hi = r["ours_s"], r["reference_s"], *r["ratio_range"]
-        data[name] = {"jaxdist_us": a * 1e6, "reference_us": b * 1e6, "ratio": r["ratio"]}
-        rows.append(
-            [name, f"{a * 1e6:.0f}", f"{b * 1e6:.0f}", f"{r['ratio']:.2f} ({lo:.2f}-{hi:.2f})"]
-        )
+        data[name], row = common.paired_row(name, r)
+        rows.append(row)
     md = common.table(
         [
             "(8 simulated CPU devices)",

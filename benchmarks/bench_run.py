@@ -84,11 +84,8 @@ def main():
         ours, raw = make(strategy)
         # Same blocking policy for both: wait on the step 4 calls back (jaxdist's cap).
         r = common.paired(ours, raw, n)
-        a, b, lo, hi = r["ours_s"], r["reference_s"], *r["ratio_range"]
-        data[name] = {"jaxdist_us": a * 1e6, "pmap_us": b * 1e6, "ratio": r["ratio"]}
-        rows.append(
-            [name, f"{a * 1e6:.0f}", f"{b * 1e6:.0f}", f"{r['ratio']:.2f} ({lo:.2f}-{hi:.2f})"]
-        )
+        data[name], row = common.paired_row(name, r)
+        rows.append(row)
     md = common.table(
         [
             "step (8 simulated CPU devices)",

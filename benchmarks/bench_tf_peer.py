@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks import readme
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PEER = os.path.join(HERE, "peer")
@@ -256,23 +258,9 @@ def main(argv=None):
     with open(os.path.join(HERE, "peer_results.json"), "w") as f:
         result = {**meta, "summary": rows, "loss10": loss_table, "loss10_worst_rel": worst}
         json.dump({**result, "runs": rounds}, f, indent=1)
-    update_readme(text)
+    readme.update_section(text, "peer")
     print(text)
     print(f"bench_tf_peer: {meta['total_s']:.0f} s in all", file=sys.stderr)
-
-
-def update_readme(text):
-    """Puts the table (without its title) between the README's peer markers."""
-    path = os.path.join(os.path.dirname(HERE), "README.md")
-    start, end = "<!-- peer:start -->", "<!-- peer:end -->"
-    with open(path) as f:
-        readme = f.read()
-    if start not in readme or end not in readme:
-        return
-    body = text.split("\n", 2)[2].replace("\n### ", "\n#### ")
-    head, rest = readme.split(start, 1)
-    with open(path, "w") as f:
-        f.write(head + start + "\n" + body + end + rest.split(end, 1)[1])
 
 
 if __name__ == "__main__":

@@ -56,6 +56,18 @@ def paired(ours, reference, n, rounds=9, lag=4):
     }
 
 
+def paired_row(name, r):
+    """A `paired` result as (a results.json entry, a table row: µs, µs, ratio (range))."""
+    a, b, lo, hi = r["ours_s"], r["reference_s"], *r["ratio_range"]
+    entry = {"jaxdist_us": a * 1e6, "reference_us": b * 1e6, "ratio": r["ratio"]}
+    return entry, [
+        name,
+        f"{a * 1e6:.0f}",
+        f"{b * 1e6:.0f}",
+        f"{r['ratio']:.2f} ({lo:.2f}-{hi:.2f})",
+    ]
+
+
 def table(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import tempfile
 
+from benchmarks import readme
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHMARKS = ["bench_run", "bench_jit", "bench_cross_device_ops", "bench_input"]
 RUNNER = (
@@ -63,22 +65,8 @@ def main():
         f.write(text)
     with open(os.path.join(HERE, "results.json"), "w") as f:
         json.dump({"date": when, "machine": machine, **results}, f, indent=1, default=float)
-    update_readme(text)
+    readme.update_section(text, "benchmarks")
     print(text)
-
-
-def update_readme(text):
-    """Puts the results (without their title) between the README's benchmark markers."""
-    path = os.path.join(os.path.dirname(HERE), "README.md")
-    start, end = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
-    with open(path) as f:
-        readme = f.read()
-    if start not in readme or end not in readme:
-        return
-    body = text.split("\n", 2)[2].replace("\n## ", "\n### ")
-    head, rest = readme.split(start, 1)
-    with open(path, "w") as f:
-        f.write(head + start + "\n" + body + end + rest.split(end, 1)[1])
 
 
 if __name__ == "__main__":

@@ -144,10 +144,10 @@ def per_example_loss(params: dict, x: Any, y: Any) -> Any:
 def make_train_step(optimizer: Any):
     """The replica step: per-example loss, local grads, SUM all-reduce, optimizer update.
 
-    The local pieces are `jax.jit` functions: inside the compiled `run` step they
-    are simply inlined, and on a partial batch (where `run` executes each replica
-    eagerly, on its own slice) each piece is one compiled program per replica
-    instead of many small eager operations.
+    The step is traced once for a full batch (one `jax.pmap` program for every
+    replica) and, for a partial batch, once per shape of replica slice inside one
+    program (see the README's "Partial batches"); the local pieces are `jax.jit`
+    functions, inlined there.
     """
     import jax
     import jax.numpy as jnp
