@@ -5,9 +5,10 @@ traces each replica's ``fn`` on its own true slice, all inside one program (see
 `jaxdist._replay`): eagerly one `jax.jit` program compiled once per pattern of
 replica shapes (it runs on the first replica device; outputs then move to each
 replica's device), and inside a user's `jax.jit` or `lax` loop inline in the
-user's trace, on inputs gathered whole onto every replica device (`_constrain`). Every replica must call the same `ReplicaContext` collectives
-in the same order (as in TF); raw `jax.lax` collectives over the replica axis are
-not available here (there is no mapped axis).
+user's trace, on inputs gathered whole onto every replica device (`_constrain`).
+Every replica must call the same `ReplicaContext` collectives in the same order
+(as in TF); raw `jax.lax` collectives over the replica axis are not available
+here (there is no mapped axis).
 """
 
 from __future__ import annotations
