@@ -23,7 +23,8 @@ from jaxdist._extended import DEFAULT, StrategyExtended
 from jaxdist._options import RunOptions
 from jaxdist._replica_context import ReplicaContext
 from jaxdist._strategy import Strategy
-from jaxdist._validate import check_fn_args, check_optional
+from jaxdist._validate import check_callable, check_fn_args, check_optional
+from jaxdist._values import ValueContext
 
 
 class _DefaultStrategy(StrategyV1):
@@ -40,9 +41,38 @@ class _DefaultStrategy(StrategyV1):
         kwargs: dict[str, Any] | None = None,
         options: RunOptions | None = None,
     ) -> Any:
+        """Calls ``fn(*args, **kwargs)`` as it is, in the default replica context.
+
+        Inside a ``merge_fn`` (cross-replica context) the default replica context is
+        entered for the call, as TF's default strategy does.
+
+        >>> import jaxdist as jd
+        >>> s = jd.get_strategy()
+        >>> s.run(lambda x: x * 2, args=(3,))
+        6
+        """
         check_fn_args(fn, args, kwargs)
         check_optional(options, RunOptions, "options", "a jaxdist.RunOptions")
+        state = _context.current()
+        if state.strategy is None and state.mode is Mode.MERGE:
+            with _context.enter(_context.State()):
+                return fn(*args, **(kwargs or {}))
         return fn(*args, **(kwargs or {}))
+
+    def experimental_distribute_values_from_function(
+        self, value_fn: Callable[[ValueContext], Any]
+    ) -> Any:
+        """Calls ``value_fn(ValueContext())`` once and returns its value as is (one replica,
+        as TF's default strategy).
+
+        >>> import jaxdist as jd
+        >>> jd.get_strategy().experimental_distribute_values_from_function(
+        ...     lambda ctx: ctx.num_replicas_in_sync)
+        1
+        """
+        _context.require_cross_replica(None, "experimental_distribute_values_from_function")
+        check_callable(value_fn, "value_fn")
+        return value_fn(ValueContext(0, 1))
 
     def __repr__(self) -> str:
         return "DefaultStrategy()"
