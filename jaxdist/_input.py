@@ -255,8 +255,8 @@ def distribute_datasets_from_function(
     >>> dist = s.distribute_datasets_from_function(lambda ctx: [5.0, 6.0, 7.0, 8.0, 9.0])
     >>> [[float(x) for x in s.experimental_local_results(e)] for e in dist]
     [[5.0, 6.0], [7.0, 8.0]]
-    >>> dist.element_spec, dist.cardinality
-    (ShapeDtypeStruct(shape=(), dtype=float32), np.int64(2))
+    >>> dist.element_spec, dist.cardinality, len(dist)  # TF's cardinality: the dataset's
+    (ShapeDtypeStruct(shape=(), dtype=float32), np.int64(5), 2)
 
     Raises:
         TypeError: ``dataset_fn`` is not callable, or returns something not iterable.
@@ -288,7 +288,11 @@ def _per_worker(placer: Placer, dataset_fn: Callable, ahead: int) -> Distributed
     spec, batched = inspect_first(source.peek(), _DSFN, placer.on_device)
     count = step_count([source.cardinality()], batched, shared=len(placer.local))
     return DistributedDataset(
-        lambda: per_worker_producer(source.open(), placer, _DSFN_EACH, batched), spec, ahead, count
+        lambda: per_worker_producer(source.open(), placer, _DSFN_EACH, batched),
+        spec,
+        ahead,
+        cardinality=source.cardinality(),
+        steps=count,
     )
 
 

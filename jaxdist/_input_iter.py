@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxdist import _context
+from jaxdist import _compile, _context
 from jaxdist._input_place import EMPTY as _EMPTY
 from jaxdist._input_place import INFINITE, UNKNOWN
 
@@ -65,9 +65,22 @@ NEXT_IN_RUN = (
 """TF's error for reading a distributed iterator inside `Strategy.run`."""
 
 
-def _check_outside_run() -> None:
+NEXT_WHILE_TRACING = (
+    "A distributed iterator was read while JAX was tracing (inside jax.jit or a lax loop "
+    "body). The batch would be compiled into the program as a constant: later calls would "
+    "reuse it and the iterator would not advance. Read the iterator outside the jitted "
+    "function and pass the batch in: `step(next(iterator))` with `step = jax.jit(...)`; for "
+    "several steps per call, pass a list of batches (or stack them) and loop over them inside."
+)
+"""jaxdist's error for reading a distributed iterator while JAX traces (TF's tf.function
+reads it as a graph op; a JAX trace cannot)."""
+
+
+def _check_can_read() -> None:
     if _context.current().mode is _context.Mode.REPLICA:
         raise ValueError(NEXT_IN_RUN)
+    if _compile.tracing():
+        raise RuntimeError(NEXT_WHILE_TRACING)
 
 
 class DistributedIterator:
@@ -78,7 +91,9 @@ class DistributedIterator:
     ``OutOfRangeError``); ``get_next_as_optional()`` never raises there. Read it
     outside the step, as TF requires: ``strategy.run(step, args=(next(it),))``;
     called inside `Strategy.run` (also under `jax.jit`) the three methods raise
-    TF's `ValueError` without consuming an element.
+    TF's `ValueError` without consuming an element, and while JAX traces (inside
+    `jax.jit` or a `lax` loop body) a `RuntimeError`: a traced read would compile
+    one batch into the program and never advance.
 
     Prefetching: with ``InputOptions(experimental_per_replica_buffer_size=N)``
     the iterator keeps the N elements after the one it returns already read
@@ -114,7 +129,7 @@ e.g. strategy.run(replica_fn, args=(next(iterator),))
         return self
 
     def __next__(self) -> Any:
-        _check_outside_run()
+        _check_can_read()
         buffer = self._buffer
         while self._producer is not None and len(buffer) <= self._ahead:
             try:
@@ -139,7 +154,7 @@ e.g. strategy.run(replica_fn, args=(next(iterator),))
 
     def get_next_as_optional(self) -> DistributedOptional:
         """The next element as a `DistributedOptional` (empty at the end of the data)."""
-        _check_outside_run()
+        _check_can_read()
         try:
             return DistributedOptional(self.__next__(), self._element_spec)
         except StopIteration:
@@ -163,8 +178,8 @@ class DistributedDataset:
     structure of the source's batches with `PerReplica` leaves (plain arrays for
     a one-replica strategy).
 
-    ``len(dataset)`` is the number of elements when it is known (TF has no
-    ``len``); ``cardinality`` holds it as TF does (see there).
+    ``len(dataset)`` is the number of elements (steps) when it is known (TF has
+    no ``len``); ``cardinality`` is TF's attribute (see there).
 
     >>> import numpy as np, jaxdist as jd
     >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -183,17 +198,19 @@ class DistributedDataset:
         element_spec: Any,
         buffer_size: int,
         cardinality: int = UNKNOWN,
+        steps: int | None = None,
     ) -> None:
         self._open_producer = open_producer
         self._element_spec = element_spec
         self._buffer_size = buffer_size
         self._cardinality = np.int64(cardinality)
+        self._steps = cardinality if steps is None else steps
 
     def __iter__(self) -> DistributedIterator:
         return DistributedIterator(self._open_producer(), self._buffer_size, self._element_spec)
 
     def __len__(self) -> int:
-        n = int(self._cardinality)
+        n = int(self._steps)
         if n == INFINITE:
             raise TypeError("The distributed dataset is infinite: it has no len().")
         if n < 0:
@@ -222,14 +239,16 @@ class DistributedDataset:
 
     @property
     def cardinality(self) -> np.int64:
-        """The number of elements (steps), as TF's attribute: a `numpy.int64`, -1 when the
-        source is infinite, -2 when its length is unknown.
+        """TF's attribute: a `numpy.int64`, -1 when the source is infinite, -2 when its
+        length is unknown.
 
         The source's length comes from ``len()``, or a tf.data-style ``cardinality()``
-        method; for a function, from what it returned for the first epoch. TF 2.21's
-        ``distribute_datasets_from_function`` reports its dataset's length even when
-        several replicas share one step; jaxdist counts steps, so that
-        ``len(list(dataset)) == dataset.cardinality``.
+        method; for a function, from what it returned for the first epoch. As in TF
+        2.21, it is the number of steps for `experimental_distribute_dataset` and a
+        ``PER_REPLICA`` dataset function, and the per-worker dataset's own length for
+        a ``PER_WORKER`` `distribute_datasets_from_function` (where several replicas
+        share one step: 32 batches over 4 replicas are 8 steps, cardinality 32).
+        ``len(dataset)`` is always the number of steps.
         """
         return self._cardinality
 

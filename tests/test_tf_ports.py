@@ -243,3 +243,128 @@ def test_broadcast_to_and_values_from_function_take_pytrees(strategy):
     )
     assert isinstance(v, tuple) and set(v[1]) == {"k"}
     assert [int(x) for x in strategy.experimental_local_results(v[1]["k"])] == list(range(n))
+
+
+# -- found by porting TF's unit tests and tutorials a second time -------------------------------
+
+
+def test_the_default_strategy_hands_values_from_function_back_as_they_are():
+    s = jd.get_strategy()
+    v = s.experimental_distribute_values_from_function(lambda ctx: jnp.ones(2) * 3)
+    assert not isinstance(v, jd.DistributedValues)  # TF: a plain tensor
+    np.testing.assert_array_equal(s.run(lambda x: x + 1, args=(v,)), [4.0, 4.0])
+    step = jax.jit(lambda v: s.run(lambda x: jd.get_replica_context().all_reduce("SUM", x), (v,)))
+    np.testing.assert_array_equal(step(v), [3.0, 3.0])
+
+
+def test_the_default_strategys_run_inside_merge_fn_is_in_a_replica_context():
+    def inner():
+        ctx = jd.get_replica_context()
+        return ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync, jd.has_strategy()
+
+    def merge_fn(strategy):
+        return strategy.extended.call_for_each_replica(inner), strategy.run(inner)
+
+    out = jd.get_replica_context().merge_call(merge_fn)
+    assert out == ((0, 1, False), (0, 1, False))  # TF's default ReplicaContext(0)
+
+
+def test_reading_an_iterator_while_jax_traces_is_a_clear_error(strategy):
+    n = strategy.num_replicas_in_sync
+    data = [np.full((2 * n, 2), i, np.float32) for i in range(3)]
+    it = iter(strategy.experimental_distribute_dataset(data))
+    read = jax.jit(lambda: strategy.run(jnp.sum, args=(it.get_next(),)))
+    for call in (read, jax.jit(lambda: it.get_next_as_optional()), jax.jit(lambda: next(it))):
+        with pytest.raises(RuntimeError, match="read while JAX was tracing"):
+            call()
+    first = strategy.experimental_local_results(next(it))  # nothing consumed, no tracer kept
+    assert [float(x.sum()) for x in first] == [0.0] * n
+    dist = strategy.experimental_distribute_dataset(data)
+    with pytest.raises(RuntimeError, match="pass the batch in"):
+        jax.jit(lambda: [strategy.run(jnp.sum, args=(x,)) for x in dist])()
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("outer_jit", [False, True], ids=["eager", "jit"])
+def test_a_jitted_replica_fn_with_collectives_on_a_partial_batch(n, outer_jit):
+    s = mirrored(n)
+    data = np.arange(2 * n - 1, dtype=np.float32)  # TF's split: [2, ..., 2, 1]
+    (x,) = s.experimental_distribute_dataset([data])
+
+    @jax.jit
+    def step(x):
+        ctx = jd.get_replica_context()
+        total = ctx.all_reduce("SUM", jnp.sum(x))
+        gathered = ctx.all_gather(x, axis=0)
+        merged = ctx.merge_call(lambda st, v: st.reduce("SUM", v, axis=None), args=(x.sum(),))
+        return total, gathered, merged
+
+    run = (
+        (lambda x: s.run(step, args=(x,)))
+        if not outer_jit
+        else jax.jit(lambda x: s.run(step, (x,)))
+    )
+    total, gathered, merged = run(x)
+    assert [float(t) for t in s.experimental_local_results(total)] == [data.sum()] * n
+    for g in s.experimental_local_results(gathered):
+        np.testing.assert_array_equal(g, data)
+    assert float(merged) == data.sum()
+
+
+def test_a_collective_inside_a_nested_transformation_of_a_partial_batch_step_is_clear():
+    s = mirrored(2)
+    (x,) = s.experimental_distribute_dataset([np.arange(3, dtype=np.float32)])
+
+    def step(x):
+        ctx = jd.get_replica_context()
+        # a traced predicate: lax.cond traces both branches inside the step's trace
+        return jax.lax.cond(
+            jnp.sum(x) > 0, lambda: ctx.all_reduce("SUM", jnp.sum(x)), lambda: jnp.float32(0)
+        )
+
+    for run in (lambda x: s.run(step, (x,)), jax.jit(lambda x: s.run(step, (x,)))):
+        with pytest.raises(RuntimeError, match="nested JAX transformation"):
+            run(x)
+    # the same step on a full batch is fine (one SPMD trace)
+    (full,) = s.experimental_distribute_dataset([np.arange(4, dtype=np.float32)])
+    assert [float(v) for v in s.experimental_local_results(s.run(step, (full,)))] == [6.0] * 2
+
+
+def test_a_hand_built_perreplica_on_its_devices_goes_into_jax_jit(strategy):
+    n = strategy.num_replicas_in_sync
+    devices = jax.devices()[:n]  # the strategy's devices (conftest: /cpu:0..n-1)
+    p = jd.PerReplica(tuple(jax.device_put(jnp.float32(i + 1), d) for i, d in enumerate(devices)))
+    assert [v.devices() for v in p.values] == [{d} for d in devices]  # each stays where it was
+    want = n * (n + 1) / 2
+    assert float(jax.jit(lambda p: strategy.reduce("SUM", p, axis=None))(p)) == want
+    assert float(strategy.reduce("SUM", p, axis=None)) == want
+    out = jax.jit(lambda p: strategy.run(lambda v: v * 2, args=(p,)))(p)
+    assert [float(v) for v in strategy.experimental_local_results(out)] == [
+        2.0 * (i + 1) for i in range(n)
+    ]
+
+
+def test_a_perreplica_whose_components_share_a_device_as_destinations():
+    s = mirrored(2)
+    p = jd.PerReplica((jnp.ones(3), jnp.ones(3) * 2))  # both on the default device
+    for out in (
+        s.extended.reduce_to(jd.ReduceOp.SUM, p, p),
+        s.extended.batch_reduce_to(jd.ReduceOp.SUM, [(p, p)])[0],
+    ):
+        assert isinstance(out, jd.Mirrored) and len(out.values) == 2  # TF: a Mirrored of 2
+        for v in out.values:
+            np.testing.assert_array_equal(v, [3.0, 3.0, 3.0])
+    b = s.extended.broadcast_to(jnp.ones(2), p)
+    assert isinstance(b, jd.Mirrored) and [v.tolist() for v in b.values] == [[1.0, 1.0]] * 2
+
+
+def test_dataset_function_cardinality_is_the_datasets_as_in_tf(strategy):
+    r = strategy.num_replicas_in_sync
+    batched = strategy.distribute_datasets_from_function(
+        lambda ctx: [np.arange(64)[i : i + 2] for i in range(0, 64, 2)]
+    )
+    assert batched.cardinality == 32 and len(batched) == sum(1 for _ in batched) == -(-32 // r)
+    scalars = strategy.distribute_datasets_from_function(
+        lambda c: [np.float32(i) for i in range(10)]
+    )
+    assert scalars.cardinality == 10 and len(scalars) == sum(1 for _ in scalars) == 10 // r
