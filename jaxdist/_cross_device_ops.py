@@ -133,6 +133,8 @@ def place(value: Any, devices: tuple | int) -> Any:
         return from_stacked(jnp.broadcast_to(value[None], (count, *value.shape)), Mirrored)
     if count == 1:
         return jax.device_put(value, devices[0])
+    if len(set(devices)) < count:  # a destination whose components share a device
+        return from_parts(jax.device_put([value] * count, list(devices)), Mirrored)
     return from_stacked(broadcast_rows(value, Replicas.of(devices)), Mirrored)
 
 

@@ -111,6 +111,28 @@ def _stand_in(strategy: Any, n: int, kind: str, payload: tuple) -> Any:
     return select(result, 0)
 
 
+NESTED = (
+    "In a partial-batch step, a ReplicaContext collective was given a value computed inside "
+    "a nested JAX transformation of the step ({what}: jax.grad/vjp, a lax loop or cond body, "
+    "jax.checkpoint or a custom_vjp). The replicas of a partial batch are traced one shape at "
+    "a time and their collectives combined between traces, which cannot reach inside those. "
+    "Call the collective on values computed in the step's own code (for example all_reduce "
+    "the gradients after jax.grad), or make every global batch divisible by "
+    "num_replicas_in_sync (a full batch has no such limit)."
+)
+
+
+def check_not_nested(trace: Any, payload: Any) -> None:
+    """Raises `NESTED` when a collective's input is a tracer of a trace nested in the step's
+    trace ``trace`` (its value does not exist outside that trace)."""
+    now = _compile.current_trace()
+    if now is None or now is trace:
+        return
+    for x in jax.tree.leaves(payload):
+        if _compile.is_inner_tracer(x, now):
+            raise RuntimeError(NESTED.format(what=type(now).__name__))
+
+
 def _mismatch(where: str, got: list) -> RuntimeError:
     return RuntimeError(
         "The replicas of a partial-batch step did not call the same collectives in the same "
@@ -127,6 +149,7 @@ def trace_replicas(strategy: Any, cdo: Any, fn: Callable, inputs: list, devices:
     n = len(inputs)
     known: list[tuple[str, list]] = []
     invariant: dict[int, Any] = {}
+    trace = _compile.current_trace()
     for _ in range(MAX_COLLECTIVES):
         outs: list = [None] * n
         pending: list = [None] * n
@@ -141,12 +164,13 @@ def trace_replicas(strategy: Any, cdo: Any, fn: Callable, inputs: list, devices:
                     if known[k][0] != kind:
                         raise _mismatch(f"collective {k}", [kind, known[k][0]])
                     return known[k][1][i]
+                check_not_nested(trace, payload)
                 pending[i] = (kind, payload)
                 raise _Pause
 
             ctx = make_replica_context(strategy, _collectives(call, lambda i=i: i, devices[i]))
             try:
-                with _context.enter(_context.replica_state(strategy, ctx)):
+                with _context.enter(_context.replica_state(strategy, ctx)), jax.disable_jit():
                     outs[i] = fn(*args, **kwargs)
             except _Pause:
                 pass
@@ -243,13 +267,14 @@ class _GroupPass:
                     raise _mismatch(f"collective {k}", [kind, self.known[k][0]])
                 return known_rows[k]
             if k == len(self.known):
+                check_not_nested(trace, payload)
                 arrays, static = _split_payload(kind, payload)
                 self.pending = (kind, static, jax.tree.structure(arrays))
                 payload_out.extend(jax.tree.leaves(arrays))
             return _stand_in(self.strategy, self.n, kind, payload)
 
         ctx = make_replica_context(self.strategy, _collectives(call, lambda: rid, self.devices))
-        with _context.enter(_context.replica_state(self.strategy, ctx)):
+        with _context.enter(_context.replica_state(self.strategy, ctx)), jax.disable_jit():
             out = self.fn(*args, **kwargs)
         out_leaves, self.out_tree = jax.tree.flatten(out)
         self.layout = _classify(out_leaves, known_rows, trace)
