@@ -138,15 +138,16 @@ def _host_sum(ops: Any, op: ReduceOp, value: DistributedValues, replicas: Replic
         return None
     total = np.asarray(x).sum(axis=0, dtype=x.dtype)
     if op is ReduceOp.MEAN:
-        total = np.true_divide(total, x.shape[0]).astype(_mean_dtype(x.dtype))
+        total = np.true_divide(total, x.shape[0]).astype(_mean_dtype(x.dtype, x.shape[0]))
     if replicas.first_device == jax.local_devices()[0]:
         return jax.device_put(total)  # uncommitted there (see `released`): one transfer
     return jax.device_put(total, replicas.first_device)
 
 
 @functools.lru_cache(maxsize=64)
-def _mean_dtype(dtype: Any) -> Any:
-    return jax.eval_shape(lambda: finish(ReduceOp.MEAN, jnp.zeros((), dtype), 2)).dtype
+def _mean_dtype(dtype: Any, count: int) -> Any:
+    """The dtype of TF's MEAN of ``count`` values of ``dtype`` (`finish` decides)."""
+    return jax.eval_shape(lambda: finish(ReduceOp.MEAN, jnp.zeros((), dtype), count)).dtype
 
 
 def reduce_value(replicas: Replicas, cdo: Any, op: ReduceOp, value: Any, axis: int | None) -> Any:

@@ -58,10 +58,16 @@ def finish(op: ReduceOp, total: Any, count: Any) -> Any:
     """TF's MEAN rule, used by every reduction: ``total / count``; SUM is ``total``.
 
     ``count`` is the true number of combined elements (replicas, or rows of a
-    partial batch); integer totals give a floating-point mean, as in TF.
+    partial batch); integer totals give a floating-point mean, as in TF. The mean
+    of one element is that element, dtype included (TF: a one-replica strategy's
+    MEAN of an int32 is the int32).
 
     >>> import jax.numpy as jnp
     >>> float(finish(ReduceOp.MEAN, jnp.int32(7), 2)), int(finish(ReduceOp.SUM, jnp.int32(7), 2))
     (3.5, 7)
+    >>> finish(ReduceOp.MEAN, jnp.int32(7), 1).dtype
+    dtype('int32')
     """
-    return jnp.true_divide(total, count) if op is ReduceOp.MEAN else total
+    if op is not ReduceOp.MEAN or (isinstance(count, int) and count == 1):
+        return total
+    return jnp.true_divide(total, count)

@@ -67,11 +67,14 @@ def default_collectives(strategy: Any, replica_id: Any = 0) -> Collectives:
     )
 
 
-def gather_leaf(x: Any, axis: int, gather: Callable[[Any], Any]) -> Any:
-    """TF's all_gather of one leaf: Python numbers give a value per replica; no scalars."""
+def gather_leaf(x: Any, axis: int, gather: Callable[[Any], Any], single: bool = False) -> Any:
+    """TF's all_gather of one leaf: Python numbers give a value per replica; no scalars
+    unless there is a ``single`` replica (then the scalar itself, as TF)."""
     if not isinstance(x, (jax.Array, np.ndarray)):
         return jnp.asarray(x)  # TF returns a Python number as a tensor per replica
     x = as_array(x)
+    if x.ndim == 0 and single:
+        return x  # TF: one replica gathers a scalar as it is
     if x.ndim == 0:
         raise ValueError(
             "all_gather needs values with at least one dimension to concatenate "
@@ -101,7 +104,7 @@ def compiled_collectives(strategy: Any, cdo: Any, num_replicas: int) -> tuple:
 
     def all_gather(value: Any, axis: int) -> Any:
         gather = lambda x: lax.all_gather(x, AXIS, axis=axis, tiled=True)  # noqa: E731
-        return jax.tree.map(lambda x: gather_leaf(x, axis, gather), value)
+        return jax.tree.map(lambda x: gather_leaf(x, axis, gather, num_replicas == 1), value)
 
     def merge_call(merge_fn: Callable, args: tuple, kwargs: dict) -> Any:
         def gather(x: Any) -> Any:

@@ -116,7 +116,8 @@ def test_nested_batch_reduce(strategy, cdo):
     third = out[2].values if n > 1 else (out[2],)
     for x in third:
         np.testing.assert_allclose(x, np.full((3, 2), mean_id))
-        assert np.asarray(x).dtype.kind == "f"
+        # TF 2.21: MEAN of one int32 component is that int32 (cross-device ops included)
+        assert np.asarray(x).dtype.kind == ("i" if n == 1 else "f")
 
 
 def test_packing_splits():

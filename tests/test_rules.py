@@ -109,14 +109,16 @@ def test_mean_of_integers_is_a_float_mean_everywhere(n):
     )
     for reduce in (s.reduce, jax.jit(s.reduce, static_argnums=(0, 2))):
         out = reduce("MEAN", v, None)
-        assert float(out) == (n - 1) / 2 and jnp.issubdtype(out.dtype, jnp.floating)
+        assert float(out) == (n - 1) / 2
+        # TF 2.21 (OneDevice and one-device Mirrored): one replica's MEAN is the int32 itself
+        assert jnp.issubdtype(out.dtype, jnp.integer if n == 1 else jnp.floating)
 
 
 def test_default_context_all_reduce_is_one_replica():
     ctx = jd.get_replica_context()
     assert float(ctx.all_reduce("SUM", 3.0)) == 3.0
     out = ctx.all_reduce("MEAN", jnp.int32(3))
-    assert float(out) == 3.0 and jnp.issubdtype(out.dtype, jnp.floating)
+    assert int(out) == 3 and out.dtype == jnp.int32  # TF 2.21's default context: int32 3
 
 
 @pytest.mark.parametrize("n", REPLICAS)
@@ -180,3 +182,38 @@ def test_non_distributed_values_on_every_path(n):
         assert (
             float(s.reduce("SUM", x, 0)) == ANSWERS["nondist.reduce_sum_axis0"]["result"]["value"]
         )
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: jd.OneDeviceStrategy("/cpu:0"),
+        lambda: jd.MirroredStrategy(["/cpu:0"]),
+        jd.get_strategy,
+    ],
+    ids=["one_device", "mirrored_1", "default"],
+)
+def test_one_replicas_mean_and_gather_are_the_value_itself_like_tf(make):
+    """TF 2.21 on OneDeviceStrategy, a one-device MirroredStrategy and the default
+    strategy: all_reduce/reduce/reduce_to/batch_reduce_to MEAN of an int32 give the int32
+    3; all_gather of a scalar gives the scalar (two replicas: a float mean, a ValueError)."""
+    s = make()
+
+    def step():
+        return jd.get_replica_context().all_reduce("MEAN", jnp.int32(3))
+
+    for out in (s.run(step), jax.jit(lambda: s.run(step))()):
+        (one,) = s.experimental_local_results(out)
+        assert one.dtype == jnp.int32 and int(one) == 3
+    v = s.run(lambda: jnp.int32(3))
+    outs = [s.reduce("MEAN", v, None), jax.jit(lambda v: s.reduce("MEAN", v, None))(v)]
+    if s is not jd.get_strategy():
+        outs += [s.extended.reduce_to("MEAN", v, "/cpu:0")]
+        outs += s.extended.batch_reduce_to("MEAN", [(v, "/cpu:0")])
+    assert all(o.dtype == jnp.int32 and int(o) == 3 for o in outs)
+    gather = s.run(lambda: jd.get_replica_context().all_gather(jnp.float32(5.0), axis=0))
+    (g,) = s.experimental_local_results(gather)
+    assert g.shape == () and float(g) == 5.0
+    two = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with pytest.raises(ValueError, match="scalar"):
+        two.run(lambda: jd.get_replica_context().all_gather(jnp.float32(5.0), axis=0))
