@@ -91,6 +91,8 @@ def note_output(x: Any) -> None:
     """
     if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
         return
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)  # typed keys: their data array is the marker
     now = time.perf_counter()
     burst, _last[0] = now - _last[0] < BURST_S, now
     if burst or len(x.sharding.device_set) < 2 or x.is_ready():  # type: ignore[attr-defined]

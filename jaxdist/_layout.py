@@ -38,7 +38,12 @@ def _row_on(part: Any, device: jax.Device) -> jax.Array:
     `jax.device_put` of a read-only array aliases it (jax arrays are immutable).
     """
     if isinstance(part, jax.Array):
-        if device.platform == "cpu" and all(d.platform == "cpu" for d in part.devices()):
+        viewable = not jax.dtypes.issubdtype(part.dtype, jax.dtypes.prng_key)  # typed keys
+        if (
+            viewable
+            and device.platform == "cpu"
+            and all(d.platform == "cpu" for d in part.devices())
+        ):
             return jax.device_put(np.asarray(part)[None], device)
         return jax.device_put(part, device)[None]
     return jax.device_put(np.asarray(part)[None], device)
@@ -92,6 +97,13 @@ def shard_rows(stacked: Any) -> tuple:
     if isinstance(stacked, jax.ShapeDtypeStruct):
         row = jax.ShapeDtypeStruct(stacked.shape[1:], stacked.dtype)
         return (row,) * stacked.shape[0]
+    if not isinstance(stacked, (jax.Array, np.ndarray)) or not np.ndim(stacked):
+        raise TypeError(
+            f"This distributed value holds a {type(stacked).__name__} where its stacked array "
+            "was (as jax.tree.map(f, value) gives when f returns something that is not an "
+            "array), so it has no per-replica values. Map over "
+            "strategy.experimental_local_results(value) instead to get one result per replica."
+        )
     if not isinstance(stacked, jax.Array) or is_tracer(stacked):
         return tuple(stacked[i] for i in range(np.shape(stacked)[0]))
     shards = sorted_shards(stacked)

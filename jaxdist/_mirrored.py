@@ -81,7 +81,9 @@ class OneDeviceStrategy(StrategyV1):
     def experimental_distribute_values_from_function(
         self, value_fn: Callable[[ValueContext], Any]
     ) -> Any:
-        """Calls ``value_fn(ValueContext())`` once; with one replica the value is returned as is.
+        """Calls ``value_fn(ValueContext())`` once; with one replica the value comes back
+        as is (TF), its arrays committed to the strategy's device (as `run`'s outputs are,
+        so a jitted step sees one signature from its first call on).
 
         >>> import jaxdist as jd
         >>> jd.OneDeviceStrategy("/cpu:0").experimental_distribute_values_from_function(
@@ -90,4 +92,8 @@ class OneDeviceStrategy(StrategyV1):
         """
         _context.require_cross_replica(self, "experimental_distribute_values_from_function")
         check_callable(value_fn, "value_fn")
-        return value_fn(ValueContext(0, 1))
+        device = self.extended.replicas.first_device
+        return jax.tree.map(
+            lambda x: jax.device_put(x, device) if isinstance(x, jax.Array) else x,
+            value_fn(ValueContext(0, 1)),
+        )

@@ -49,7 +49,7 @@ def _classify(leaf: Any) -> str:
 
 def _signature(x: Any) -> Hashable:
     if isinstance(x, jax.Array):
-        return (x.shape, x.dtype, x.weak_type)
+        return (x.shape, x.dtype, getattr(x, "weak_type", False))  # typed keys have none
     if isinstance(x, np.ndarray):
         return (x.shape, x.dtype)
     return type(x).__name__

@@ -110,7 +110,11 @@ class DistributedValues:
         return shard_rows(self._data)
 
     def __repr__(self) -> str:
-        body = ",\n".join(f"  {i}: {v!r}" for i, v in enumerate(self.values))
+        try:
+            values = self.values
+        except TypeError:  # a leaf that is not an array (see `shard_rows`)
+            return f"{type(self).__name__}({self._layout}={self._data!r})"
+        body = ",\n".join(f"  {i}: {v!r}" for i, v in enumerate(values))
         return f"{type(self).__name__}:{{\n{body}\n}}"
 
 

@@ -368,3 +368,55 @@ def test_dataset_function_cardinality_is_the_datasets_as_in_tf(strategy):
         lambda c: [np.float32(i) for i in range(10)]
     )
     assert scalars.cardinality == 10 and len(scalars) == sum(1 for _ in scalars) == 10 // r
+
+
+# -- found by composing jaxdist with the rest of JAX ----------------------------------------------
+
+
+def test_typed_prng_keys_are_values_like_any_other(strategy):
+    n = strategy.num_replicas_in_sync
+    keys = strategy.experimental_distribute_values_from_function(
+        lambda c: jax.random.fold_in(jax.random.key(0), c.replica_id_in_sync_group)
+    )
+    out = strategy.run(lambda k: jax.random.normal(k, (3,)), args=(keys,))
+    want = [jax.random.normal(jax.random.fold_in(jax.random.key(0), i), (3,)) for i in range(n)]
+    for got, w in zip(strategy.experimental_local_results(out), want):
+        np.testing.assert_allclose(got, w)
+    same = strategy.run(lambda k: jax.random.normal(k, (3,)), args=(jax.random.key(0),))
+    assert len(strategy.experimental_local_results(same)) == n
+    split = jax.jit(lambda k: strategy.run(lambda k: jax.random.split(k)[0], args=(k,)))
+    for k in (jax.random.key(0), keys):
+        (first, *_) = strategy.experimental_local_results(split(k))
+        assert jax.dtypes.issubdtype(first.dtype, jax.dtypes.prng_key)
+
+
+def test_tree_map_to_non_arrays_gives_a_printable_value_and_a_clear_error(strategy):
+    n = strategy.num_replicas_in_sync
+    for rows in (2 * n, 2 * n - 1):  # a full and (from 2 replicas) a partial batch
+        (x,) = strategy.experimental_distribute_dataset([np.ones((rows, 2), np.float32)])
+        out = strategy.run(lambda v: v * 2, args=(x,))
+        if n == 1:
+            continue  # one replica: run returns a plain array
+        shapes = jax.tree.map(lambda a: a.shape, out)
+        assert repr(shapes).startswith("PerReplica(") and f"({n}, " in repr(shapes)
+        with pytest.raises(TypeError, match="experimental_local_results"):
+            _ = shapes.values
+        assert "None" in repr(jax.tree.map(lambda a: None, out))
+        per_replica = jax.tree.map(lambda a: a.shape, strategy.experimental_local_results(out))
+        assert sum(s[0] for s in per_replica) == rows
+
+
+def test_one_device_values_from_function_are_committed_so_a_jitted_step_traces_once():
+    s = jd.OneDeviceStrategy("/cpu:3")
+    traces = []
+
+    def step(w, x):
+        traces.append(1)
+        return w + x.sum()
+
+    w = s.experimental_distribute_values_from_function(lambda c: jnp.ones(3))
+    assert w.devices() == {jax.devices()[3]} and w.committed
+    update = jax.jit(lambda w, x: s.run(step, args=(w, x)), donate_argnums=0)
+    for x in s.experimental_distribute_dataset([np.ones(4, np.float32)] * 5):
+        w = update(w, x)
+    assert len(traces) == 1 and w.tolist() == [21.0] * 3
