@@ -1,6 +1,7 @@
 """jaxdist: TensorFlow's `tf.distribute` API, reimplemented functionally on JAX."""
 
 from jaxdist import cluster_resolver as cluster_resolver
+from jaxdist import errors as errors
 from jaxdist import experimental as experimental
 from jaxdist import nn as nn
 from jaxdist._all_reduce import HierarchicalCopyAllReduce as HierarchicalCopyAllReduce
@@ -62,6 +63,7 @@ __all__ = [
     "StrategyV1",
     "StrategyExtended",
     "cluster_resolver",
+    "errors",
     "experimental",
     "experimental_set_strategy",
     "get_cross_replica_context",

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from jaxdist import _compile, _context
+from jaxdist._errors import InvalidArgumentError, OutOfRangeError
 from jaxdist._input_place import EMPTY as _EMPTY
 from jaxdist._input_place import INFINITE, UNKNOWN
 
@@ -41,9 +42,10 @@ class DistributedOptional:
         return self._value is not _EMPTY
 
     def get_value(self) -> Any:
-        """The value; raises `ValueError` when there is none."""
+        """The value; raises TF's `jaxdist.errors.InvalidArgumentError` (a `ValueError`)
+        when there is none."""
         if self._value is _EMPTY:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "The optional has no value: the distributed iterator is exhausted. "
                 "Check has_value() first."
             )
@@ -86,9 +88,10 @@ def _check_can_read() -> None:
 class DistributedIterator:
     """An iterator over a distributed dataset: each element holds every replica's batch.
 
-    Get it with ``iter(distributed_dataset)``. ``next(it)`` and ``it.get_next()``
-    raise `StopIteration` at the end (TF's ``get_next`` raises
-    ``OutOfRangeError``); ``get_next_as_optional()`` never raises there. Read it
+    Get it with ``iter(distributed_dataset)``. At the end of the data ``next(it)``
+    raises `StopIteration` and ``it.get_next()`` TF's
+    `jaxdist.errors.OutOfRangeError` (a `StopIteration`);
+    ``get_next_as_optional()`` never raises there. Read it
     outside the step, as TF requires: ``strategy.run(step, args=(next(it),))``;
     called inside `Strategy.run` (also under `jax.jit`) the three methods raise
     TF's `ValueError` without consuming an element, and while JAX traces (inside
@@ -149,8 +152,16 @@ e.g. strategy.run(replica_fn, args=(next(iterator),))
         raise value
 
     def get_next(self) -> Any:
-        """The next element; raises `StopIteration` at the end of the data."""
-        return self.__next__()
+        """The next element; raises TF's `jaxdist.errors.OutOfRangeError` (a
+        `StopIteration`) at the end of the data."""
+        try:
+            return self.__next__()
+        except OutOfRangeError:
+            raise
+        except StopIteration:
+            raise OutOfRangeError(
+                "End of sequence: the distributed iterator is exhausted."
+            ) from None
 
     def get_next_as_optional(self) -> DistributedOptional:
         """The next element as a `DistributedOptional` (empty at the end of the data)."""

@@ -420,3 +420,21 @@ def test_one_device_values_from_function_are_committed_so_a_jitted_step_traces_o
     for x in s.experimental_distribute_dataset([np.ones(4, np.float32)] * 5):
         w = update(w, x)
     assert len(traces) == 1 and w.tolist() == [21.0] * 3
+
+
+def test_end_of_data_raises_tfs_error_classes(strategy):
+    """TF: get_next() past the end is OutOfRangeError, an empty optional's get_value() is
+    InvalidArgumentError; jaxdist's subclass StopIteration / ValueError (Python's protocol)."""
+    n = strategy.num_replicas_in_sync
+    it = iter(strategy.experimental_distribute_dataset([np.ones((n, 2), np.float32)]))
+    it.get_next()
+    with pytest.raises(jd.errors.OutOfRangeError):
+        it.get_next()
+    with pytest.raises(StopIteration):
+        next(it)
+    assert next(it, "end") == "end"
+    empty = it.get_next_as_optional()
+    assert not empty.has_value()
+    with pytest.raises(jd.errors.InvalidArgumentError):
+        empty.get_value()
+    assert issubclass(jd.errors.InvalidArgumentError, ValueError)
