@@ -69,6 +69,22 @@ def stack_on_devices(parts: Sequence[Any], replicas: Replicas) -> jax.Array:
     return jax.make_array_from_single_device_arrays(shape, replicas.sharding, shards)
 
 
+def stack_placed(values: Sequence[Any]) -> jax.Array | None:
+    """Same-shaped arrays committed each to its own device: one array sharded over those
+    devices (each row stays where it is), so the value can enter `jax.jit` (one device
+    set per argument). None for anything else, which keeps its parts."""
+    if len(values) < 2 or jax.process_count() > 1:
+        return None
+    if not all(isinstance(v, jax.Array) and not is_tracer(v) for v in values):
+        return None
+    if len({(v.shape, v.dtype) for v in values}) != 1 or not all(v.committed for v in values):
+        return None
+    devices = [v.sharding.device_set for v in values]
+    if any(len(d) != 1 for d in devices) or len(set().union(*devices)) != len(values):
+        return None
+    return stack_on_devices(list(values), Replicas.of([next(iter(d)) for d in devices]))
+
+
 def broadcast_rows(value: jax.Array, replicas: Replicas) -> jax.Array:
     """``value`` stacked once per replica (a Mirrored layout); zero-copy between CPUs."""
     if not replicas.multi_process and all_on_cpu(value, replicas.devices):

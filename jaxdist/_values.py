@@ -45,6 +45,7 @@ from jaxdist._layout import (
     shard_rows,
     sorted_shards,
     stack_on_devices,
+    stack_placed,
     stacked_devices,
 )
 
@@ -83,7 +84,7 @@ class DistributedValues:
             )
         if len(values) == 0:
             raise ValueError(f"{type(self).__name__}(values) needs at least one value; got ().")
-        stacked = _stack_placed(values)
+        stacked = stack_placed(values)
         object.__setattr__(self, "_layout", _PARTS if stacked is None else _STACKED)
         object.__setattr__(self, "_data", tuple(values) if stacked is None else stacked)
         object.__setattr__(self, "_lengths", None)
@@ -116,22 +117,6 @@ class DistributedValues:
             return f"{type(self).__name__}({self._layout}={self._data!r})"
         body = ",\n".join(f"  {i}: {v!r}" for i, v in enumerate(values))
         return f"{type(self).__name__}:{{\n{body}\n}}"
-
-
-def _stack_placed(values: Sequence[Any]) -> jax.Array | None:
-    """Same-shaped arrays committed each to its own device: one array sharded over those
-    devices (each row stays where it is), so the value can enter `jax.jit` (one device
-    set per argument). None for anything else, which keeps its parts."""
-    if len(values) < 2 or jax.process_count() > 1:
-        return None
-    if not all(isinstance(v, jax.Array) and not is_tracer(v) for v in values):
-        return None
-    if len({(v.shape, v.dtype) for v in values}) != 1 or not all(v.committed for v in values):
-        return None
-    devices = [v.sharding.device_set for v in values]
-    if any(len(d) != 1 for d in devices) or len(set().union(*devices)) != len(values):
-        return None
-    return stack_on_devices(list(values), Replicas.of([next(iter(d)) for d in devices]))
 
 
 def _distributed_error(name: str) -> Callable:
