@@ -62,6 +62,11 @@ class StrategyV1(Strategy):
     `experimental_local_results`, `group` waits for values to be computed,
     `colocate_vars_with` places the values the strategy creates, and
     `configure`/`update_config_proto` handle TF1's session configuration.
+
+    >>> import jaxdist as jd
+    >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    >>> isinstance(s, jd.StrategyV1) and isinstance(s, jd.Strategy)
+    True
     """
 
     @deprecated("run(fn, args=(next(iterator),))")

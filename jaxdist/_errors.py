@@ -27,4 +27,12 @@ class InvalidArgumentError(ValueError):
     """TF's ``tf.errors.InvalidArgumentError``: ``get_value()`` of an empty optional.
 
     A `ValueError`.
+
+    >>> import jaxdist as jd
+    >>> it = iter(jd.MirroredStrategy(["/cpu:0"]).experimental_distribute_dataset([]))
+    >>> try:
+    ...     it.get_next_as_optional().get_value()
+    ... except jd.errors.InvalidArgumentError as e:
+    ...     print(isinstance(e, ValueError))
+    True
     """

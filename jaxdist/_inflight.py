@@ -59,7 +59,12 @@ def set_max_steps_in_flight(n: int) -> None:
 
 
 def get_max_steps_in_flight() -> int:
-    """The current cap of un-finished programs in flight (see `set_max_steps_in_flight`)."""
+    """The current cap of un-finished programs in flight (see `set_max_steps_in_flight`).
+
+    >>> import jaxdist as jd
+    >>> jd.experimental.get_max_steps_in_flight() >= 1
+    True
+    """
     return _limit[0]
 
 

@@ -1,4 +1,13 @@
-"""`jaxdist.experimental`: the names TF keeps under `tf.distribute.experimental`."""
+"""`jaxdist.experimental`: the names TF keeps under `tf.distribute.experimental`, and
+jaxdist's own knobs (the in-flight bound, compile counts, host malloc tuning).
+
+>>> import jaxdist as jd
+>>> jd.experimental.CommunicationOptions(
+...     implementation=jd.experimental.CommunicationImplementation.NCCL).implementation.name
+'NCCL'
+>>> jd.experimental.get_max_steps_in_flight() >= 1
+True
+"""
 
 from jaxdist._compile import step_count as step_count
 from jaxdist._host import tune_host_malloc as tune_host_malloc
