@@ -74,6 +74,24 @@ def pmap(fn: Callable, replicas: Replicas, in_axes: tuple | int) -> Callable:
     return jax.pmap(fn, axis_name=AXIS, in_axes=in_axes, devices=list(replicas.devices))
 
 
+def spmd(fn: Callable, replicas: Replicas, in_axes: tuple) -> Callable:
+    """``fn`` mapped over ``replicas`` like `pmap` (``in_axes`` 0 or None per argument,
+    outputs stacked), as a `jax.shard_map` over the replicas' global mesh.
+
+    Inside a trace with replicas in several processes: `jax.pmap` maps over this
+    process's devices only, while traced values are global arrays.
+    """
+    mesh = replicas.sharding.mesh
+    split, whole = replicas.sharding.spec, replicas.replicated.spec
+
+    def body(*args: Any) -> Any:
+        rows = [a[0] if ax == 0 else a for a, ax in zip(args, in_axes)]
+        return jax.tree.map(lambda o: jnp.asarray(o)[None], fn(*rows))
+
+    specs = tuple(split if ax == 0 else whole for ax in in_axes)
+    return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=split, check_vma=False)
+
+
 def is_fake_pmap() -> bool:
     """Whether `jax.pmap` is replaced (e.g. by `chex.fake_pmap`)."""
     return jax.pmap is not _REAL_PMAP

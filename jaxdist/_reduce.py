@@ -234,7 +234,10 @@ def gather_value(replicas: Replicas, value: Any, axis: int) -> Any:
             x = jax.device_put(x, replicas.first_device)
         shape = list(x.shape[1:])
         shape[ax] *= x.shape[0]
-        return jnp.moveaxis(x, 0, ax).reshape(shape)
+        out = jnp.moveaxis(x, 0, ax).reshape(shape)
+        if replicas.multi_process and is_traced(value):  # readable on every worker, as TF's
+            out = jax.lax.with_sharding_constraint(out, replicas.replicated)
+        return out
     rows = [as_array(p) for p in value.values]
     ax = _axis(axis, rows[0].ndim, "the per-replica values")
     target = [replicas.first_device] * len(rows)

@@ -172,5 +172,6 @@ def _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays) -> Any:
     call_axes, call_args = in_axes, arrays
     if MAPPED not in sig[1]:  # a pmap needs one mapped argument
         call_axes, call_args = (0, *in_axes), [_compile.replica_ids(replicas, True), *arrays]
-    outs = _compile.pmap(body, replicas, call_axes)(*call_args)
+    mapped = _compile.spmd if replicas.multi_process else _compile.pmap
+    outs = mapped(body, replicas, tuple(call_axes))(*call_args)
     return _wrap(info, outs, replicas.num, True, arrays)

@@ -94,6 +94,10 @@ def basic(s, jd):
     r["reduce_to_device"] = s.extended.reduce_to("MEAN", v, "/cpu:0").tolist()
     doubled = s.run(lambda x: x * 2, args=(v,))
     r["run_on_dvf"] = [x.tolist() for x in s.experimental_local_results(doubled)]
+    jitted = jax.jit(lambda v: s.run(lambda x: x * 2, args=(v,)))(v)
+    r["jit_run_on_dvf"] = [x.tolist() for x in s.experimental_local_results(jitted)]
+    r["jit_reduce_sum"] = np.asarray(jax.jit(lambda v: s.reduce("SUM", v, axis=None))(v)).tolist()
+    r["jit_gather"] = np.asarray(jax.jit(lambda v: s.gather(v, axis=0))(v)).tolist()
     r["params"] = train(s, jd)
     seen = []
     for batch in s.experimental_distribute_dataset([np.arange(i * 8, i * 8 + 8) for i in range(3)]):

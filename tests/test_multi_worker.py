@@ -115,6 +115,9 @@ def test_reduce_and_gather_are_global_and_equal_on_every_worker(basic):
     ]:
         assert w0[key] == w1[key] == expected, key
     assert w1["run_on_dvf"] == [[6.0, 12.0], [8.0, 16.0]]
+    for w in (w0, w1):  # the same calls inside jax.jit give the same answers
+        assert w["jit_run_on_dvf"] == w["run_on_dvf"]
+        assert w["jit_reduce_sum"] == w["reduce_sum"] and w["jit_gather"] == w["gather"]
 
 
 def test_training_step_agrees_with_a_single_process_mirrored_strategy(basic):
