@@ -377,8 +377,9 @@ class TFConfigClusterResolver(ClusterResolver):
         return format_master(spec.task_address(task_type, task_id), rpc_layer)
 
     @property
-    def environment(self) -> str:
-        return self._environment or ""
+    def environment(self) -> str | None:  # type: ignore[override]
+        """TF_CONFIG's ``environment``; None when it has none (as TF's)."""
+        return self._environment
 
 
 def process_order(spec: ClusterSpec) -> list[tuple[str, int]]:

@@ -98,6 +98,12 @@ class StrategyExtended:
         return self._kind == MULTI_WORKER
 
     @property
+    def experimental_require_static_shapes(self) -> bool:
+        """Whether steps need static shapes: False, as TF's Mirrored and multi-worker
+        strategies (a partial batch compiles its own program)."""
+        return False
+
+    @property
     def experimental_should_init(self) -> bool:
         """Whether this worker should initialize state (True)."""
         return True

@@ -171,7 +171,7 @@ class UnionClusterResolver(ClusterResolver):
         return self._resolvers[0].num_accelerators(task_type, task_id, config_proto)
 
     @property
-    def environment(self) -> str:
+    def environment(self) -> str | None:  # type: ignore[override]
         """The first resolver's environment."""
         return self._resolvers[0].environment
 

@@ -218,7 +218,8 @@ def test_simple_resolver_rejects_bad_cluster():
 def test_tf_config_absent_gives_an_empty_cluster(tf_config):
     r = TFConfigClusterResolver()
     assert not r.cluster_spec()
-    assert (r.task_type, r.task_id, r.rpc_layer, r.environment) == (None, None, None, "")
+    # TF 2.21: environment None (union_resolver.tfconfig_no_env)
+    assert (r.task_type, r.task_id, r.rpc_layer, r.environment) == (None, None, None, None)
     assert r.master() == ""
 
 
@@ -436,8 +437,7 @@ def test_nothing_here_started_the_jax_backend():
 # --------------------------------------------------------------------------- UnionClusterResolver
 # TF 2.21's answers for `UnionResolver` (ids union_resolver.*). Known deviations, both inherited
 # from the resolvers the union delegates to, not from the union itself:
-# - SimpleClusterResolver.master() with no master gives "" where TF gives "<rpc_layer>://";
-# - TFConfigClusterResolver.environment is "" where TF gives None.
+# - SimpleClusterResolver.master() with no master gives "" where TF gives "<rpc_layer>://".
 
 Union = jd.cluster_resolver.UnionResolver
 Simple = jd.cluster_resolver.SimpleClusterResolver
@@ -451,10 +451,7 @@ def _tf(case):
 def _as_jaxdist(tf_value):
     """TF's recorded value, with the inherited deviations above applied."""
     if isinstance(tf_value, dict):
-        return {
-            k: "" if k == "environment" and v is None else _as_jaxdist(v)
-            for k, v in tf_value.items()
-        }
+        return {k: _as_jaxdist(v) for k, v in tf_value.items()}
     if isinstance(tf_value, str) and re.fullmatch(r"[\w+.-]+://", tf_value):
         return ""  # a master URL with no address
     return tf_value

@@ -438,3 +438,12 @@ def test_end_of_data_raises_tfs_error_classes(strategy):
     with pytest.raises(jd.errors.InvalidArgumentError):
         empty.get_value()
     assert issubclass(jd.errors.InvalidArgumentError, ValueError)
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: mirrored(2), lambda: jd.OneDeviceStrategy("/cpu:0"), jd.get_strategy]
+)
+def test_extended_flags_as_tf_on_one_worker(make):
+    e = make().extended
+    assert e.experimental_between_graph is False and e.experimental_require_static_shapes is False
+    assert e.experimental_should_init and e.should_checkpoint and e.should_save_summary
