@@ -151,20 +151,43 @@ class StepCache:
                 self._strong.popitem(last=False)
             return table
 
-    def get(self, fn: Callable, key: Hashable, build: Callable[[], Any]) -> Any:
+    def get(
+        self,
+        fn: Callable,
+        key: Hashable,
+        build: Callable[[], Any],
+        inputs: Callable[[Any], list | None] | None = None,
+    ) -> tuple[Any, list]:
+        """The compiled step of ``fn`` for ``key`` (built and kept if missing), and its
+        per-call inputs ``inputs(entry)``; an entry for which that is None (the state
+        it was traced with has changed) is passed over and a new one is built."""
         owner, sub = _owner(fn)
         try:  # the hot path: no lock, no new weak reference
-            return self._weak[owner][(sub, key)]
+            variants = self._weak[owner][(sub, key)]
         except (KeyError, TypeError):
-            pass
+            variants = ()
+        for entry in variants:
+            extra = inputs(entry) if inputs is not None else []
+            if extra is not None:
+                return entry, extra
         with self._lock:
             table = self._table(owner)
-            entry = table.get((sub, key))
-            if entry is None:
-                entry = table[(sub, key)] = build()
-                if len(table) == WARN_AT:
-                    _warn_retrace(fn)
-            return entry
+            variants = table.setdefault((sub, key), [])
+            entry = build()
+            extra = inputs(entry) if inputs is not None else []
+            if extra is None:
+                raise RuntimeError(
+                    f"jaxdist: the state {describe(fn)} reads changed while it was traced."
+                )
+            variants.insert(0, entry)
+            del variants[_VARIANTS:]
+            if self._count(table, sub) == WARN_AT:
+                _warn_retrace(fn)
+            return entry, extra
+
+    @staticmethod
+    def _count(table: dict, sub: Hashable) -> int:
+        return sum(len(v) for (s, _), v in table.items() if s == sub)
 
     def size(self, fn: Callable) -> int:
         """How many compiled steps the cache holds for ``fn`` (its number of traces)."""
@@ -173,7 +196,10 @@ class StepCache:
             table = self._weak.get(owner) if _weakrefable(owner) else None
             if table is None:
                 table = self._strong.get(id(owner), (None, {}))[1]
-            return sum(1 for s, _ in table if s == sub)
+            return self._count(table, sub)
+
+
+_VARIANTS = 8  # traces kept per argument signature (one per state the step was seen with)
 
 
 def _weakrefable(x: Any) -> bool:
@@ -188,7 +214,9 @@ def _warn_retrace(fn: Callable) -> None:
     warnings.warn(
         f"strategy.run has compiled {describe(fn)!r} {WARN_AT} times. Each new argument "
         "structure, shape or dtype, and each new non-numeric Python value (bool, str, None...) "
-        "in args compiles a new step; Python numbers are traced. Keep argument shapes fixed.",
+        "in args compiles a new step; Python numbers are traced. So does a new value of a "
+        "Python number, string or function the step reads from its closure, globals or "
+        "object. Keep argument shapes fixed; pass changing numbers as arguments.",
         stacklevel=5,
     )
 

@@ -24,6 +24,7 @@ from jaxdist import _compile, _replay
 from jaxdist._devices import AXIS, Replicas
 from jaxdist._layout import as_array, is_array, is_tracer
 from jaxdist._reduce import all_rows
+from jaxdist._stage import Staged
 from jaxdist._validate import hashable_arg, is_number
 from jaxdist._values import combine_parts, from_parts, is_distributed, parts, select
 
@@ -149,7 +150,7 @@ def _run_compiled(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, inp
     def build() -> tuple:
         info: dict = {}
 
-        def program(values: list) -> list:
+        def program(*values: Any) -> list:
             leaves: list = [None] * len(flat)
             for i, v in statics + tuple(zip(arrays, values)):
                 leaves[i] = v
@@ -161,12 +162,16 @@ def _run_compiled(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, inp
             info["consts"] = [None if is_tracer(x) else (x,) for x in out_leaves]
             return [x for x in out_leaves if is_tracer(x)]
 
-        return jax.jit(program), info
+        staged = Staged(fn, program, avals, outputs=lambda: [c[0] for c in info["consts"] if c])
+        return jax.jit(staged.evaluate), info, staged
 
-    program, info = _compile.steps.get(fn, key, build)
-    first = [replicas.first_device] * len(arrays)
-    traced = iter(program(jax.device_put([_host_view(flat[i], replicas) for i in arrays], first)))
-    out = [next(traced) if c is None else c[0] for c in info["consts"]]
+    (program, info, staged), extra = _compile.steps.get(
+        fn, key, build, lambda entry: entry[2].inputs(fn)
+    )
+    first = [replicas.first_device] * (len(arrays) + len(extra))
+    host = [_host_view(x, replicas) for x in [*(flat[i] for i in arrays), *extra]]
+    traced = iter(program(*jax.device_put(host, first)))
+    out = [next(traced) if c is None else staged.output(fn, c[0]) for c in info["consts"]]
     return _to_replicas(jax.tree.unflatten(info["treedef"], out), replicas)
 
 

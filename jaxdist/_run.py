@@ -32,6 +32,7 @@ from jaxdist import _compile, _context, _ragged
 from jaxdist._devices import AXIS, Replicas
 from jaxdist._layout import is_tracer, shard_rows
 from jaxdist._replica_context import compiled_collectives, make_replica_context
+from jaxdist._stage import Staged, example
 from jaxdist._validate import describe, hashable_arg, is_number
 from jaxdist._values import from_stacked, is_distributed, num_components
 from jaxdist._values import stack as stack_value
@@ -39,9 +40,9 @@ from jaxdist._values import stack as stack_value
 MAPPED, BROADCAST, STATIC = "m", "b", "s"
 
 
-def _classify(leaf: Any) -> str:
+def _classify(leaf: Any, one: bool) -> str:
     if is_distributed(leaf):
-        return MAPPED
+        return BROADCAST if one else MAPPED
     if isinstance(leaf, (jax.Array, np.ndarray)) or is_number(leaf):
         return BROADCAST
     return STATIC
@@ -57,6 +58,20 @@ def _signature(x: Any) -> Hashable:
 
 def _static_key(value: Any, index: int) -> Hashable:
     return (type(value), hashable_arg(value, index))
+
+
+def _plain(leaf: Any, index: int, replicas: Replicas) -> Any:
+    """A broadcast argument; with one replica, a distributed value's one component (so a
+    `PerReplica` and the plain arrays `run` returns for one replica share a step)."""
+    if not is_distributed(leaf):
+        return leaf
+    if num_components(leaf) != 1:
+        raise ValueError(
+            f"argument leaf {index} is a {type(leaf).__name__} with {num_components(leaf)} "
+            "components, but the strategy has 1 replica."
+        )
+    x = stack_value(leaf, replicas)
+    return x.reshape(x.shape[1:])
 
 
 def _mapped(leaf: Any, replicas: Replicas, index: int) -> Any:
@@ -114,13 +129,19 @@ def make_body(strategy: Any, cdo: Any, n: int, get_fn: Callable, sig: tuple, inf
     return body
 
 
-def _wrap(info: dict, outs: list, n: int, in_trace: bool, arrays: list) -> Any:
-    """The step's outputs: stacked leaves as `PerReplica` (plain for one replica)."""
+def _wrap(info: dict, outs: list, n: int, in_trace: bool, arrays: list, state: Any = None) -> Any:
+    """The step's outputs: stacked leaves as `PerReplica` (plain for one replica).
+
+    ``state`` (eager) gives an untraced output as the step's state holds it now.
+    """
     it = iter(outs)
     leaves = []
     for kind, what in info["layout"]:
         if kind in ("const", "arg"):
-            leaves.append(what if kind == "const" else arrays[what])
+            if kind == "arg":
+                leaves.append(arrays[what])
+            else:
+                leaves.append(what if state is None else state(what))
             continue
         a = next(it)
         if n == 1 or what:  # one replica, or a merge_call result: one value
@@ -133,14 +154,15 @@ def _wrap(info: dict, outs: list, n: int, in_trace: bool, arrays: list) -> Any:
 def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, kwargs: dict):
     """Runs ``fn`` on every replica of ``strategy`` (see the module docstring)."""
     _context.check_can_run(strategy)
+    one = replicas.num == 1 and not replicas.multi_process
     leaves, treedef = jax.tree.flatten((tuple(args), dict(kwargs)), is_leaf=is_distributed)
-    kinds = tuple(_classify(x) for x in leaves)
+    kinds = tuple(_classify(x, one) for x in leaves)
     arrays, statics, sigs = [], [], []
     for i, (kind, leaf) in enumerate(zip(kinds, leaves)):
         if kind == STATIC:
             statics.append(_static_key(leaf, i))
             continue
-        x = _mapped(leaf, replicas, i) if kind == MAPPED else leaf
+        x = _mapped(leaf, replicas, i) if kind == MAPPED else _plain(leaf, i, replicas)
         if x is None:
             return _ragged.run(strategy, replicas, cdo, fn, tuple(args), dict(kwargs))
         arrays.append(x)
@@ -149,20 +171,38 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
     in_axes = tuple(0 if k == MAPPED else None for k in kinds if k != STATIC)
     if _compile.tracing() or any(is_tracer(x) for x in arrays):
         return _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays)
-    key = (sig, tuple(sigs), id(strategy), replicas.devices, _compile.is_fake_pmap())
+    key = (sig, tuple(sigs), program_key(strategy, cdo), replicas.devices, _compile.is_fake_pmap())
     if MAPPED not in kinds:
         in_axes = (0, *in_axes)
+    ids = [_compile.replica_ids(replicas, False)] if MAPPED not in kinds else []
 
     def build() -> tuple:
         info: dict = {}
         body = make_body(strategy, cdo, replicas.num, _compile.weak_callable(fn), sig, info)
-        return _compile.pmap(body, replicas, in_axes), info
+        examples = [example(x, ax == 0) for x, ax in zip([*ids, *arrays], in_axes)]
+        staged = Staged(
+            fn, body, examples, [(AXIS, replicas.num)], lambda: [x for _, x in info["layout"]]
+        )
+        axes = (*in_axes, *[None] * staged.num_inputs)
+        return _compile.pmap(staged.evaluate, replicas, axes), info, staged
 
-    program, info = _compile.steps.get(fn, key, build)
-    ids = [_compile.replica_ids(replicas, False)] if MAPPED not in kinds else []
+    (program, info, staged), extra = _compile.steps.get(
+        fn, key, build, lambda entry: entry[2].inputs(fn)
+    )
     what = f"strategy.run({describe(fn)})"
-    outs = _compile.dispatch(program, replicas, *ids, *arrays, what=what)
-    return _wrap(info, outs, replicas.num, False, arrays)
+    outs = _compile.dispatch(program, replicas, *ids, *arrays, *extra, what=what)
+    return _wrap(info, outs, replicas.num, False, arrays, lambda x: staged.output(fn, x))
+
+
+def program_key(strategy: Any, cdo: Any) -> Hashable:
+    """What of a strategy decides its compiled steps: equal strategies share them."""
+    ops: Hashable
+    try:
+        ops = (type(cdo), tuple(sorted(vars(cdo).items())))
+        hash(ops)
+    except TypeError:
+        ops = (type(cdo), cdo)
+    return (type(strategy), ops)
 
 
 def _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays) -> Any:

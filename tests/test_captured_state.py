@@ -1,0 +1,247 @@
+"""Eager `run` reads the state a step captures afresh on every call (TF eager's meaning).
+
+The step's closure cells, the globals its code names and its bound object's attributes
+(and what they hold: attributes, items, pytree children) are read on every call. Only a
+change of shape, dtype or of a Python number/string/function the step reads traces again.
+TF 2.21 eager ``strategy.run`` gives 8, 16, 24 for the issue's trainer (the step adds the
+all-reduced batch sum, 8, to the state it read).
+"""
+
+import gc
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import mirrored
+
+import jaxdist as jd
+
+
+def batch(strategy):
+    """A (4, 2) batch of ones split over the replicas: the all-reduced sum is 8."""
+    return next(iter(strategy.experimental_distribute_dataset([np.ones((4, 2), np.float32)])))
+
+
+def first(strategy, out):
+    return float(strategy.experimental_local_results(out)[0])
+
+
+def total(x):
+    return jd.get_replica_context().all_reduce("SUM", jnp.sum(x))
+
+
+class Trainer:
+    def __init__(self):
+        self.w = jnp.zeros(())
+
+    def step(self, x):
+        return self.w + total(x)
+
+
+def test_bound_object_attribute_is_read_each_call(strategy):
+    t, x = Trainer(), batch(strategy)
+    seen = []
+    for _ in range(3):
+        t.w = strategy.experimental_local_results(strategy.run(t.step, args=(x,)))[0]
+        seen.append(float(t.w))
+    assert seen == [8.0, 16.0, 24.0]  # TF eager
+    assert jd.experimental.step_count(t.step) == 1  # values changed, not the trace
+
+
+W = jnp.zeros(())
+
+
+def global_step(x):
+    return W + total(x)
+
+
+def test_module_global_is_read_each_call(strategy):
+    global W
+    x = batch(strategy)
+    W = jnp.zeros(())
+    seen = []
+    for _ in range(3):
+        W = strategy.experimental_local_results(strategy.run(global_step, args=(x,)))[0]
+        seen.append(float(W))
+    assert seen == [8.0, 16.0, 24.0]
+
+
+def test_closure_cell_is_read_each_call(strategy):
+    x = batch(strategy)
+    w = jnp.zeros(())
+
+    def step(x):
+        return w + total(x)
+
+    seen = []
+    for _ in range(3):
+        w = strategy.experimental_local_results(strategy.run(step, args=(x,)))[0]
+        seen.append(float(w))
+    assert seen == [8.0, 16.0, 24.0]
+    assert jd.experimental.step_count(step) == 1
+
+
+def test_nested_state_dict_on_an_object(strategy):
+    class Model:
+        def __init__(self):
+            self.params = {"w": jnp.ones(3), "b": jnp.zeros(())}
+
+    class Orbit:
+        def __init__(self):
+            self.model = Model()
+
+        def train_fn(self, x):
+            p = self.model.params
+            return jnp.sum(p["w"]) + p["b"] + total(x)
+
+    o, x = Orbit(), batch(strategy)
+    assert first(strategy, strategy.run(o.train_fn, args=(x,))) == 3.0 + 8.0
+    o.model.params = {"w": jnp.full(3, 2.0), "b": jnp.float32(5.0)}
+    assert first(strategy, strategy.run(o.train_fn, args=(x,))) == 6.0 + 5.0 + 8.0
+    o.model = Model()  # a new object at the same place
+    assert first(strategy, strategy.run(o.train_fn, args=(x,))) == 3.0 + 8.0
+    assert jd.experimental.step_count(o.train_fn) == 1
+
+
+def test_numpy_state_changed_in_place_is_seen(strategy):
+    table = np.zeros(3, np.float32)
+
+    def step():
+        return jnp.sum(jnp.asarray(table)) + 1.0
+
+    assert first(strategy, strategy.run(step)) == 1.0
+    table[:] = 2.0
+    assert first(strategy, strategy.run(step)) == 7.0
+
+
+def test_new_shape_or_number_traces_again(strategy):
+    class Box:
+        pass
+
+    box = Box()
+    box.state, box.k = {"w": jnp.ones(2)}, 3.0
+
+    def step():
+        return jnp.sum(box.state["w"]) * box.k
+
+    assert first(strategy, strategy.run(step)) == 6.0
+    box.state["w"] = jnp.ones(5)  # a new shape: a new trace, the right answer
+    assert first(strategy, strategy.run(step)) == 15.0
+    box.k = 2.0  # a Python number on an object the step reads: a new trace too
+    assert first(strategy, strategy.run(step)) == 10.0
+    assert jd.experimental.step_count(step) == 3
+
+
+def test_python_number_read_from_a_global_is_current(strategy):
+    global FACTOR
+    FACTOR = 2.0
+
+    def step():
+        return jnp.float32(1.0) * FACTOR
+
+    assert first(strategy, strategy.run(step)) == 2.0
+    FACTOR = 5.0
+    assert first(strategy, strategy.run(step)) == 5.0
+    FACTOR = 2.0  # the first trace again, no third compile
+    assert first(strategy, strategy.run(step)) == 2.0
+    assert jd.experimental.step_count(step) == 2
+
+
+FACTOR = 2.0
+
+
+def test_state_returned_as_it_is_is_current(strategy):
+    t = Trainer()
+    t.w = jnp.float32(1.0)
+    assert float(strategy.run(lambda: t.w)) == 1.0
+    t.w = jnp.float32(2.0)
+    assert float(strategy.run(lambda: t.w)) == 2.0
+
+
+def test_the_name_the_code_reads_wins_over_an_alias(strategy):
+    class T:
+        def __init__(self):
+            self.backup = self.w = jnp.float32(1.0)  # one array, two names
+
+        def step(self):
+            return self.w * 1.0
+
+    t = T()
+    assert first(strategy, strategy.run(t.step)) == 1.0
+    t.w = jnp.float32(4.0)
+    assert first(strategy, strategy.run(t.step)) == 4.0
+
+
+def test_experimental_run_and_call_for_each_replica_read_state(strategy):
+    t = Trainer()
+    it = iter(strategy.experimental_distribute_dataset([np.ones((4, 2), np.float32)] * 3))
+    with pytest.warns(DeprecationWarning):
+        for _ in range(2):
+            t.w = strategy.experimental_local_results(strategy.experimental_run(t.step, it))[0]
+    assert float(t.w) == 16.0
+    with strategy.scope():
+        out = strategy.extended.call_for_each_replica(t.step, args=(next(it),))
+    assert first(strategy, out) == 24.0
+
+
+def test_partial_batch_reads_state_each_call():
+    s = mirrored(4)
+    t = Trainer()
+    x = next(iter(s.experimental_distribute_dataset([np.ones((2, 2), np.float32)])))  # [1,1,0,0]
+    seen = []
+    for _ in range(3):
+        t.w = s.experimental_local_results(s.run(t.step, args=(x,)))[0]
+        seen.append(float(t.w))
+    assert seen == [4.0, 8.0, 12.0]
+    assert jd.experimental.step_count(t.step) == 1
+
+
+def test_equal_strategies_share_one_compiled_step():
+    def step(x):
+        return x * 2.0
+
+    for _ in range(5):
+        s = mirrored(2)
+        out = s.run(step, args=(jnp.ones(3),))
+        np.testing.assert_allclose(np.asarray(s.experimental_local_results(out)[1]), 2.0)
+    assert jd.experimental.step_count(step) == 1
+    mirrored(4).run(step, args=(jnp.ones(3),))  # other devices: a step of their own
+    assert jd.experimental.step_count(step) == 2
+
+
+@pytest.mark.parametrize("make", [lambda: jd.OneDeviceStrategy("/cpu:0"), lambda: mirrored(1)])
+def test_one_device_per_replica_and_plain_state_share_a_step(make):
+    s = make()
+
+    def step(w):
+        return w + 1.0
+
+    w = s.experimental_distribute_values_from_function(lambda c: jnp.zeros(3))
+    for _ in range(3):
+        w = s.run(step, args=(w,))
+    np.testing.assert_allclose(np.asarray(w), 3.0)
+    assert jd.experimental.step_count(step) == 1
+
+
+def test_captured_state_does_not_keep_the_object_alive(strategy):
+    t = Trainer()
+    strategy.run(t.step, args=(batch(strategy),))
+    ref = weakref.ref(t)
+    del t
+    gc.collect()
+    assert ref() is None
+
+
+def test_inside_jax_jit_closures_are_constants_as_in_jax(strategy):
+    """JAX's rule inside the user's own jax.jit: what the trace read is baked in."""
+    box = {"w": jnp.float32(1.0)}
+
+    @jax.jit
+    def f():
+        return strategy.run(lambda: box["w"] * 1.0)
+
+    assert first(strategy, f()) == 1.0
+    box["w"] = jnp.float32(2.0)
+    assert first(strategy, f()) == 1.0  # jax.jit's cache: documented in the README
