@@ -17,6 +17,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxdist._cpu_threads import configure as configure_cpu_threads
+
 AXIS = "replica"
 """The name of the replica axis inside `Strategy.run`, for raw `jax.lax` collectives."""
 
@@ -27,7 +29,14 @@ _DEVICE_RE = re.compile(
 _PLATFORMS = {"cpu": "cpu", "gpu": "gpu", "tpu": "tpu", "cuda": "gpu", "rocm": "gpu"}
 
 
+def local_devices() -> list[jax.Device]:
+    """`jax.local_devices()`, sizing XLA's CPU pool first if the backend has not started."""
+    configure_cpu_threads()
+    return list(jax.local_devices())
+
+
 def _platform_devices(platform: str) -> list[jax.Device]:
+    configure_cpu_threads()  # before JAX's backend starts, if it has not yet
     try:
         return list(jax.devices(platform))
     except RuntimeError:

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import jax
 
+from jaxdist._cpu_threads import check as check_cpu_threads
+
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _state: dict[str, bool | None] = {"tuned": None}
@@ -50,6 +52,8 @@ def tune_host_malloc() -> bool:
 
 def maybe_tune(devices: Sequence[jax.Device]) -> None:
     """Applies `tune_host_malloc` for CPU strategies unless ``JAXDIST_NO_MALLOPT=1``."""
-    if _state["tuned"] is None and os.environ.get("JAXDIST_NO_MALLOPT") != "1":
-        if any(d.platform == "cpu" for d in devices):
-            tune_host_malloc()
+    cpu = sum(d.platform == "cpu" for d in devices)
+    if cpu:
+        check_cpu_threads(cpu)
+    if _state["tuned"] is None and os.environ.get("JAXDIST_NO_MALLOPT") != "1" and cpu:
+        tune_host_malloc()

@@ -11,7 +11,7 @@ from jaxdist import _context
 from jaxdist._all_reduce import check_cross_device_ops
 from jaxdist._compat import StrategyV1
 from jaxdist._cross_device_ops import CrossDeviceOps, ReductionToOneDevice
-from jaxdist._devices import Replicas, resolve_device, resolve_devices
+from jaxdist._devices import Replicas, local_devices, resolve_device, resolve_devices
 from jaxdist._extended import StrategyExtended
 from jaxdist._host import maybe_tune
 from jaxdist._validate import check_callable
@@ -51,7 +51,7 @@ class MirroredStrategy(StrategyV1):
         devices: Sequence[str | jax.Device] | None = None,
         cross_device_ops: CrossDeviceOps | None = None,
     ) -> None:
-        resolved = resolve_devices(jax.local_devices() if devices is None else devices)
+        resolved = resolve_devices(local_devices() if devices is None else devices)
         cdo = check_cross_device_ops(cross_device_ops)
         super().__init__(StrategyExtended(self, Replicas.of(resolved), cdo))
         maybe_tune(resolved)

@@ -10,6 +10,7 @@ True
 """
 
 from jaxdist._compile import step_count as step_count
+from jaxdist._cpu_threads import cpu_threads as cpu_threads
 from jaxdist._host import tune_host_malloc as tune_host_malloc
 from jaxdist._inflight import get_max_steps_in_flight as get_max_steps_in_flight
 from jaxdist._inflight import set_max_steps_in_flight as set_max_steps_in_flight
@@ -23,6 +24,7 @@ __all__ = [
     "CommunicationOptions",
     "MultiWorkerMirroredStrategy",
     "ValueContext",
+    "cpu_threads",
     "get_max_steps_in_flight",
     "set_max_steps_in_flight",
     "step_count",
