@@ -36,7 +36,7 @@ def test_reduce_to_one_device_and_all_devices(strategy, cdo, op):
     assert device_of(one) == jax.devices()[0] and float(one) == pytest.approx(expected)
     every = cdo.reduce(op, v, v)
     values = every.values if n > 1 else (every,)
-    assert type(every) is (jd.Mirrored if n > 1 else jax.Array) or n == 1
+    assert isinstance(every, jd.Mirrored) if n > 1 else isinstance(every, jax.Array)
     assert [device_of(x) for x in values] == list(strategy.extended.replicas.devices)
     np.testing.assert_allclose([float(x) for x in values], [expected] * n)
 
