@@ -191,21 +191,53 @@ def test_plain_values_are_one_component():
 
 
 @pytest.mark.parametrize(
-    "call, error",
+    "call, error, match",
     [
-        (lambda v: jd.ReductionToOneDevice().reduce("SUM", v, "/cpu:0"), ValueError),
-        (lambda v: jd.NcclAllReduce().batch_reduce("MEAN", [(v, v)]), ValueError),
-        (lambda v: jd.ReductionToOneDevice().reduce(SUM, v, ["/cpu:0", "/cpu:1"]), ValueError),
-        (lambda v: jd.ReductionToOneDevice().reduce(SUM, v, None), ValueError),
-        (lambda v: jd.ReductionToOneDevice().reduce(SUM, v, ""), ValueError),
-        (lambda v: jd.ReductionToOneDevice().batch_reduce(SUM, v), ValueError),
-        (lambda v: jd.ReductionToOneDevice().batch_reduce(SUM, [(v,)]), ValueError),
-        (lambda v: jd.ReductionToOneDevice().reduce(SUM, v, "/cpu:0", options="fast"), TypeError),
+        (
+            lambda v: jd.ReductionToOneDevice().reduce("SUM", v, "/cpu:0"),
+            ValueError,
+            "reduce_op must be a jaxdist.ReduceOp here .*; got the string 'SUM'",
+        ),
+        (
+            lambda v: jd.NcclAllReduce().batch_reduce("MEAN", [(v, v)]),
+            ValueError,
+            "reduce_op must be a jaxdist.ReduceOp here .*; got the string 'MEAN'",
+        ),
+        (
+            lambda v: jd.ReductionToOneDevice().reduce(SUM, v, ["/cpu:0", "/cpu:1"]),
+            ValueError,
+            r"destinations must be a device string, .*; got list \['/cpu:0', '/cpu:1'\]",
+        ),
+        (
+            lambda v: jd.ReductionToOneDevice().reduce(SUM, v, None),
+            ValueError,
+            "destinations must be a device string, .*; got NoneType None",
+        ),
+        (
+            lambda v: jd.ReductionToOneDevice().reduce(SUM, v, ""),
+            ValueError,
+            "destinations must be a device string, .*; got str ''",
+        ),
+        (
+            lambda v: jd.ReductionToOneDevice().batch_reduce(SUM, v),
+            ValueError,
+            r"value_destination_pairs must be a list of \(value, destinations\) tuples; got PerReplica",
+        ),
+        (
+            lambda v: jd.ReductionToOneDevice().batch_reduce(SUM, [(v,)]),
+            ValueError,
+            r"value_destination_pairs\[0\] must be a \(value, destinations\) pair; got \(PerReplica",
+        ),
+        (
+            lambda v: jd.ReductionToOneDevice().reduce(SUM, v, "/cpu:0", options="fast"),
+            TypeError,
+            "options must be a jaxdist.experimental.CommunicationOptions or None; got str",
+        ),
     ],
 )
-def test_bad_arguments(call, error):
+def test_bad_arguments(call, error, match):
     s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    with pytest.raises(error):
+    with pytest.raises(error, match=match):
         call(ids(s))
 
 
