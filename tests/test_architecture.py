@@ -172,17 +172,6 @@ def test_experimental_set_strategy_from_two_threads():
     assert not jd.has_strategy()
 
 
-def test_scope_objects_are_reusable_and_reentrant():
-    s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    sc = s.scope()
-    for _ in range(2):
-        with sc:
-            with sc:
-                assert jd.get_strategy() is s
-            assert jd.in_cross_replica_context()
-        assert not jd.has_strategy()
-
-
 @pytest.mark.parametrize("name", ["StrategyV1"])
 def test_tf1_surface_is_a_subclass_of_the_tf2_strategy(name):
     v1 = getattr(jd, name)

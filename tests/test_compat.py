@@ -145,8 +145,11 @@ def _check_local_results(s):
 
 
 def _check_make_numpy_dataset(s):
+    # Seed 001/003 example and TF oracle tf1.make_numpy_dataset (batch(4) of arange(10)).
     d = s.experimental_make_numpy_dataset(np.arange(10, dtype=np.float32))
     assert [np.asarray(x).tolist() for x in d.batch(4)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    dropped = [np.asarray(x).tolist() for x in d.batch(4, drop_remainder=True)]
+    assert dropped == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
 def _check_experimental_run(s):
@@ -834,13 +837,8 @@ def test_one_device_run_places_on_its_device():
     assert int(od.run(lambda: jd.get_replica_context().replica_id_in_sync_group)) == 0
 
 
-def test_one_device_reduce_doc_example(od):
-    t = jnp.arange(10)
-    assert od.reduce(jd.ReduceOp.SUM, t, axis=None).tolist() == list(range(10))
-    assert int(od.reduce(jd.ReduceOp.SUM, t, axis=0)) == 45
-    # TF oracle onedevice.reduce_mean_range10_axis0: 4.5; axis=None keeps the value.
-    assert float(od.reduce(jd.ReduceOp.MEAN, t, axis=0)) == 4.5
-    assert od.reduce(jd.ReduceOp.MEAN, t, axis=None).tolist() == list(range(10))
+# OneDeviceStrategy.reduce's doc example (seed 003): test_tf_vectors.py,
+# test_onedevice_reductions_match_tf, against TF's recorded answers.
 
 
 def test_one_device_local_results_and_values_from_function(od):
@@ -885,17 +883,6 @@ def test_one_device_distribute_datasets_from_function_calls_fn_once(od):
         out = list(od.experimental_distribute_datasets_from_function(dataset_fn))
     assert contexts == [(1, 0, 1)]
     assert [local(od, x) for x in out] == [[[[1.0]] * 4]] * 3
-
-
-@has_input
-def test_make_numpy_dataset_doc_example(strategy):
-    # Seed 001/003 example and TF oracle tf1.make_numpy_dataset (batch(4) of arange(10)).
-    with quiet():
-        d = strategy.experimental_make_numpy_dataset(np.arange(10, dtype=np.float32))
-    batched = [np.asarray(x).tolist() for x in d.batch(4)]
-    dropped = [np.asarray(x).tolist() for x in d.batch(4, drop_remainder=True)]
-    assert batched == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    assert dropped == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
 def test_one_device_values_from_function_returns_the_plain_value_like_tf(od):

@@ -281,16 +281,8 @@ def test_mirrored_reduce_rules():
     assert float(s.reduce(SUM, vec, axis=0)) == 32.0  # TF: 4 replicas x sum([4, 4])
 
 
-def test_non_distributed_values_tf_vectors():
-    """TF 2.21 oracle: nondist.* (4 replicas)."""
-    s = jd.MirroredStrategy([f"/cpu:{i}" for i in range(4)])
-    t = jnp.asarray([1.0, 2.0])
-    with pytest.raises(ValueError, match="cannot be reduced with SUM"):
-        s.reduce(SUM, t, axis=None)
-    assert s.reduce(MEAN, t, axis=None).tolist() == [1.0, 2.0]
-    assert float(s.reduce(SUM, t, axis=0)) == 12.0
-    assert float(s.reduce(MEAN, t, axis=0)) == 1.5
-    assert s.gather(t, axis=0) is t
+# Non-distributed values (TF 2.21 oracle nondist.*): test_rules.py,
+# test_non_distributed_values_on_every_path.
 
 
 def test_ragged_reduce_axis_none_raises_axis0_works():
