@@ -17,6 +17,7 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(jaxdist.__path__, "jaxdis
 # Internal modules whose docstrings have no `>>>` example (their behaviour is shown through
 # the public API that uses them, and tested in tests/). Keep this list exact.
 NO_EXAMPLES = {
+    "jaxdist._capture",
     "jaxdist._cluster_config",
     "jaxdist._context",
     "jaxdist._devices",
@@ -28,6 +29,7 @@ NO_EXAMPLES = {
     "jaxdist._reduce",
     "jaxdist._replay",
     "jaxdist._run",
+    "jaxdist._stage",
     "jaxdist._validate",
 }
 
