@@ -146,7 +146,7 @@ def test_tuple_built_per_replica_is_stacked_once(strategy):
     first = strategy.run(lambda x: x * 2, args=(v,))
     with jax.transfer_guard("disallow_explicit"):
         second = strategy.run(lambda x: x * 2, args=(v,))
-        with pytest.raises(jax.errors.JaxRuntimeError, match="Disallowed host-to-device transfer"):
+        with pytest.raises(jax.errors.JaxRuntimeError, match="Disallowed .*transfer"):
             strategy.run(lambda x: x * 2, args=(fresh,))  # the guard sees a stacking
     assert jax.tree.leaves(v) == list(v.values)  # still the parts the user gave
     expected = [2.0 * r for r in range(n)]
