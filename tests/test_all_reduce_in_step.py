@@ -29,13 +29,8 @@ def test_mean_float_matrix(strategy):
         np.testing.assert_allclose(x, np.full((2, 2), (n - 1) / 2))
 
 
-def test_int_sum_keeps_int_mean_is_float(strategy):
-    n = strategy.num_replicas_in_sync
-    s = run_all_reduce(strategy, "SUM", lambda r: r)
-    m = run_all_reduce(strategy, "MEAN", lambda r: r + 1)
-    assert all(np.asarray(x).dtype.kind == "i" and int(x) == n * (n - 1) // 2 for x in s)
-    kind = "i" if n == 1 else "f"  # TF: one replica's MEAN is the value itself (int32)
-    assert all(np.asarray(x).dtype.kind == kind and float(x) == (n + 1) / 2 for x in m)
+# An int SUM stays int and an int MEAN is a float, on every in-step path: test_rules.py
+# (test_accumulation_fn_is_used_in_steps_except_for_int32, test_mean_of_integers_...).
 
 
 def test_nested_structure(strategy):
@@ -61,12 +56,4 @@ def test_reduce_op_enum_is_exact():
     assert [m.name for m in jd.ReduceOp] == ["SUM", "MEAN"]
 
 
-def test_accumulation_fn_is_honoured_in_step(strategy):
-    n = strategy.num_replicas_in_sync
-    acc = jd.ReductionToOneDevice(accumulation_fn=lambda xs: sum(xs[1:], xs[0]) + 100.0)
-    s = jd.MirroredStrategy(strategy.extended.replicas.devices, cross_device_ops=acc)
-    out = run_all_reduce(s, "SUM", lambda r: jnp.float32(r))
-    mean = run_all_reduce(s, "MEAN", lambda r: jnp.float32(r))
-    total = n * (n - 1) / 2 + 100.0
-    assert [float(x) for x in out] == [total] * n
-    np.testing.assert_allclose([float(x) for x in mean], [total / n] * n)
+# accumulation_fn inside the step: test_rules.py, test_accumulation_fn_is_used_in_steps_...

@@ -18,16 +18,20 @@ import jaxdist as jd
 ocp = pytest.importorskip("orbax.checkpoint")
 
 
-def train(s, steps=3):
-    """A few SGD steps of a tiny model; returns the state as `run` returned it."""
-    n = s.num_replicas_in_sync
-    rng = np.random.default_rng(0)
-    params = {"w": jnp.asarray(rng.normal(size=(4, 2)), jnp.float32), "b": jnp.zeros(2)}
-    data = rng.normal(size=(8 * 4, 4)).astype(np.float32)
-    x = next(iter(s.experimental_distribute_dataset([data[: 4 * n]])))
+_RNG = np.random.default_rng(0)
+PARAMS = {"w": _RNG.normal(size=(4, 2)).astype(np.float32), "b": np.zeros(2, np.float32)}
+DATA = _RNG.normal(size=(8, 4)).astype(np.float32)  # one global batch, split over the replicas
+
+
+def train(s, steps=3, params=None):
+    """A few SGD steps of a tiny model (on the same global batch of 8 rows whatever the
+    replica count: a MEAN of per-replica mean gradients is the global mean gradient);
+    returns the state as `run` returned it."""
+    params = jax.tree.map(jnp.asarray, PARAMS) if params is None else params
+    x = next(iter(s.experimental_distribute_dataset([DATA])))
 
     def step(p, x):
-        g = jax.grad(lambda p: jnp.sum(jnp.tanh(x @ p["w"] + p["b"]) ** 2))(p)
+        g = jax.grad(lambda p: jnp.mean(jnp.tanh(x @ p["w"] + p["b"]) ** 2))(p)
         g = jd.get_replica_context().all_reduce("MEAN", g)
         return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
 
@@ -39,6 +43,14 @@ def train(s, steps=3):
 
 def host(tree):
     return jax.tree.map(np.asarray, tree)
+
+
+def same_leaves(got, want, rtol=1e-7):
+    """Every leaf equal (not only ``w``), and the same tree."""
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    assert jax.tree.leaves(got)
+    for a, b in zip(jax.tree.leaves(host(got)), jax.tree.leaves(host(want))):
+        np.testing.assert_allclose(a, b, rtol=rtol)
 
 
 @pytest.mark.parametrize("saved, restored", [(8, 1), (1, 8), (4, 2), (2, 4)])
@@ -53,11 +65,14 @@ def test_save_once_restore_into_another_replica_count(tmp_path, saved, restored)
     dst = mirrored(restored)
     resumed = dst.experimental_distribute_values_from_function(lambda ctx: plain["params"])
     for copy in dst.experimental_local_results(resumed):
-        np.testing.assert_allclose(host(copy)["w"], host(one_copy)["params"]["w"])
+        same_leaves(copy, one_copy["params"])
     assert int(plain["step"]) == 3
-    # Training goes on in the new strategy from the restored values.
-    out = dst.run(lambda p: jax.tree.map(lambda a: a * 1.0, p), args=(resumed,))
-    assert jax.tree.structure(jax.tree.leaves(out)) is not None
+    # Training goes on in the new strategy from the restored values: two more steps there
+    # give what five steps in the saving strategy give (the data is the same global batch).
+    more = train(dst, steps=2, params=resumed)
+    want = train(src, steps=5)
+    for copy in dst.experimental_local_results(more["params"]):
+        same_leaves(copy, src.experimental_local_results(want["params"])[0], rtol=1e-5)
 
 
 def test_restore_into_plain_single_device_code(tmp_path):

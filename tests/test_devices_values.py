@@ -66,7 +66,9 @@ def test_per_replica_constructor_and_values():
     assert v.values == (a, b)
     with pytest.raises(TypeError):  # as TF: a PerReplica is not a sequence (use .values)
         len(v)
-    assert bool(v) and v == v and v != jd.PerReplica((a, b))
+    # as TF's: == and hash are the object's identity (no element-wise comparison)
+    assert bool(v) and (v == v) is True and (v == jd.PerReplica((a, b))) is False
+    assert {v: "found"}[v] == "found"
     assert isinstance(v, jd.DistributedValues) and not isinstance(v, jd.Mirrored)
     with pytest.raises(ValueError, match="at least one value"):
         jd.PerReplica(())
@@ -135,12 +137,17 @@ def test_local_results(strategy):
 
 
 def test_tuple_built_per_replica_is_stacked_once(strategy):
-    """A PerReplica made from a tuple is stacked onto the devices once, not at every run."""
+    """A PerReplica made from a tuple is stacked onto the devices once, not at every run:
+    stacking copies the parts (a transfer), so later runs pass under a transfer guard that
+    a fresh value's stacking trips."""
     n = strategy.num_replicas_in_sync
     v = jd.PerReplica(tuple(jnp.float32(r) for r in range(n)))
+    fresh = jd.PerReplica(tuple(jnp.float32(r) for r in range(n)))
     first = strategy.run(lambda x: x * 2, args=(v,))
-    (stacked,) = jax.tree.leaves(jax.tree.map(lambda x: x, strategy.run(lambda x: x, args=(v,))))
-    second = strategy.run(lambda x: x * 2, args=(v,))
+    with jax.transfer_guard("disallow_explicit"):
+        second = strategy.run(lambda x: x * 2, args=(v,))
+        with pytest.raises(jax.errors.JaxRuntimeError, match="Disallowed .*transfer"):
+            strategy.run(lambda x: x * 2, args=(fresh,))  # the guard sees a stacking
     assert jax.tree.leaves(v) == list(v.values)  # still the parts the user gave
     expected = [2.0 * r for r in range(n)]
     for out in (first, second):

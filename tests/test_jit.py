@@ -1,9 +1,13 @@
 """Strategy calls inside `jax.jit` and `lax` loops: jaxdist's `tf.function`.
 
-Every call gives the same answer traced as eagerly, on 1, 2, 4 and 8 replicas.
+Every call gives the same answer traced as eagerly, on 1, 2, 4 and 8 replicas, and that
+answer is checked against an independent one (a replica-count formula or NumPy), so a bug
+shared by both paths fails too.
 """
 
 import functools
+import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +16,8 @@ import pytest
 from jax import lax
 
 import jaxdist as jd
+
+ANSWERS = json.loads((pathlib.Path(__file__).parent / "tf_oracle" / "answers.json").read_text())
 
 
 def ids(s, shape=(2,)):
@@ -22,6 +28,12 @@ def ids(s, shape=(2,)):
 
 def local(s, x):
     return [np.asarray(v).tolist() for v in s.experimental_local_results(x)]
+
+
+def local_trees(s, x):
+    return [
+        jax.tree.map(lambda a: np.asarray(a).tolist(), v) for v in s.experimental_local_results(x)
+    ]
 
 
 def same(a, b):
@@ -57,21 +69,36 @@ def test_run_reduce_gather_local_results(strategy):
         return {"sum": ctx.all_reduce("SUM", x), "x2": 2 * x, "id": ctx.replica_id_in_sync_group}
 
     out = both(lambda v: strategy.run(step, args=(v,)), v)
-    assert local(strategy, out["sum"]) == [[n * (n - 1) / 2] * 2] * n
-    both(lambda v: strategy.reduce("SUM", v, axis=None), v)
-    both(lambda v: strategy.reduce("MEAN", v, axis=0), v)
-    both(lambda v: strategy.gather(v, axis=0), v)
-    both(lambda v: strategy.experimental_local_results(v), v)
+    total = n * (n - 1) / 2  # replica r holds r: 0 + 1 + ... + (n - 1)
+    assert local(strategy, out["sum"]) == [[total] * 2] * n
+    assert local(strategy, out["x2"]) == [[2.0 * r] * 2 for r in range(n)]
+    assert local(strategy, out["id"]) == list(range(n))
+    assert both(lambda v: strategy.reduce("SUM", v, axis=None), v).tolist() == [total] * 2
+    assert float(both(lambda v: strategy.reduce("MEAN", v, axis=0), v)) == (n - 1) / 2
+    gathered = both(lambda v: strategy.gather(v, axis=0), v)
+    assert gathered.tolist() == [float(r) for r in range(n) for _ in range(2)]
+    results = both(lambda v: strategy.experimental_local_results(v), v)
+    assert [x.tolist() for x in results] == [[float(r)] * 2 for r in range(n)]
     assert both(lambda v: v.values, v)[n - 1].tolist() == [n - 1] * 2
 
 
 def test_values_from_function_and_extended_api(strategy):
-    v = ids(strategy)
-    both(lambda: strategy.experimental_distribute_values_from_function(lambda c: jnp.ones(3)))
-    both(lambda v: strategy.extended.reduce_to("SUM", v, v), v)
-    both(lambda v: strategy.extended.reduce_to("MEAN", v, "/cpu:0"), v)
-    both(lambda v: strategy.extended.batch_reduce_to("SUM", [(v, v), (v, v)]), v)
-    both(lambda: strategy.extended.broadcast_to({"w": jnp.ones(2)}))
+    n = strategy.num_replicas_in_sync
+    v, total = ids(strategy), n * (n - 1) / 2
+    ones = both(
+        lambda: strategy.experimental_distribute_values_from_function(lambda c: jnp.ones(3))
+    )
+    assert local(strategy, ones) == [[1.0] * 3] * n
+    assert (
+        local(strategy, both(lambda v: strategy.extended.reduce_to("SUM", v, v), v))
+        == [[total] * 2] * n
+    )
+    mean = both(lambda v: strategy.extended.reduce_to("MEAN", v, "/cpu:0"), v)
+    assert mean.tolist() == [(n - 1) / 2] * 2
+    pairs = both(lambda v: strategy.extended.batch_reduce_to("SUM", [(v, v), (v, v)]), v)
+    assert [local(strategy, x) for x in pairs] == [[[total] * 2] * n] * 2
+    out = both(lambda: strategy.extended.broadcast_to({"w": jnp.ones(2)}))
+    assert [x["w"] for x in local_trees(strategy, out)] == [[1.0, 1.0]] * n
 
 
 @pytest.mark.parametrize(
@@ -80,11 +107,20 @@ def test_values_from_function_and_extended_api(strategy):
     ids=["r1d", "nccl", "hierarchical"],
 )
 def test_cross_device_ops_methods(strategy, cdo):
-    v = ids(strategy)
-    both(lambda v: cdo.reduce(jd.ReduceOp.SUM, v, v), v)
-    both(lambda v: cdo.reduce(jd.ReduceOp.MEAN, v, "/cpu:0"), v)
-    both(lambda v: cdo.batch_reduce(jd.ReduceOp.SUM, [(v, v), (2 * jnp.ones(()), v)]), v)
-    both(lambda v: cdo.broadcast(jnp.arange(3.0), v), v)
+    n = strategy.num_replicas_in_sync
+    v, total = ids(strategy), n * (n - 1) / 2
+    assert (
+        local(strategy, both(lambda v: cdo.reduce(jd.ReduceOp.SUM, v, v), v)) == [[total] * 2] * n
+    )
+    assert (
+        both(lambda v: cdo.reduce(jd.ReduceOp.MEAN, v, "/cpu:0"), v).tolist() == [(n - 1) / 2] * 2
+    )
+    pairs = both(lambda v: cdo.batch_reduce(jd.ReduceOp.SUM, [(v, v), (2 * jnp.ones(()), v)]), v)
+    # a plain value is one value, not one per replica: its SUM is itself (TF:
+    # nondist.batch_reduce_to_sum_const), put on every destination device
+    assert [local(strategy, x) for x in pairs] == [[[total] * 2] * n, [2.0] * n]
+    out = both(lambda v: cdo.broadcast(jnp.arange(3.0), v), v)
+    assert local(strategy, out) == [[0.0, 1.0, 2.0]] * n
 
 
 def test_user_built_distributed_values(strategy):
@@ -99,7 +135,9 @@ def test_user_built_distributed_values(strategy):
             pr.values,
         )
 
-    both(build, jnp.float32(1.0))
+    total, mean, values = both(build, jnp.float32(1.0))
+    assert float(total) == sum(1.0 + i for i in range(n)) and float(mean) == 1.0
+    assert [float(x) for x in values] == [1.0 + i for i in range(n)]
     out = both(lambda x: strategy.run(lambda a: a * 2, args=(jd.PerReplica((x,) * n),)), 1.0)
     assert local(strategy, out) == [2.0] * n
 
@@ -114,7 +152,8 @@ def test_replica_context_methods(strategy):
         return ctx.all_gather(x, axis=0), ctx.all_reduce("MEAN", x), merged
 
     gathered, mean, merged = both(lambda v: strategy.run(step, args=(v,)), v)
-    assert local(strategy, gathered)[0] == [float(i) for i in range(n)]
+    assert local(strategy, gathered) == [[float(i) for i in range(n)]] * n
+    assert local(strategy, mean) == [[(n - 1) / 2]] * n
     assert np.asarray(merged).tolist() == [n * (n - 1) / 2]
 
 
@@ -204,9 +243,8 @@ def test_jitted_train_step_compiles_once_and_matches_eager(strategy):
     for _ in range(3):
         p3, _ = jitted(p3, x)
     same(p3, p_eager)
-    assert jax.tree.leaves(p_jit)[0].shape[0] == strategy.num_replicas_in_sync or (
-        strategy.num_replicas_in_sync == 1
-    )
+    n, leaf = strategy.num_replicas_in_sync, jax.tree.leaves(p_jit)[0]
+    assert leaf.shape == ((n,) if n > 1 else ()) + jax.tree.leaves(params)[0].shape
 
 
 def test_donating_the_distributed_state(strategy):
@@ -260,7 +298,9 @@ def test_eager_jitted_and_failing_calls_in_any_order(strategy):
         strategy.run(step, args=(v,))
         raise KeyError("boom")
 
+    n = strategy.num_replicas_in_sync
     expected = local(strategy, eager())
+    assert expected == [[n * (n - 1.0)] * 2] * n  # twice 0 + 1 + ... + (n - 1)
     for call in ["jit", "fail", "eager", "fail", "jit", "eager", "closure"]:
         if call == "fail":
             with pytest.raises(KeyError):
@@ -296,7 +336,12 @@ def test_partial_batch_inside_jit_gives_tfs_answer(strategy):
     if n == 1:
         pytest.skip("one replica has no partial batch")
     data = np.arange(2 * n - 1, dtype=np.float32)  # [2, 2, ..., 1] rows per replica
+    split = [data[2 * r : 2 * r + 2].tolist() for r in range(n)]
+    if n == 4:  # TF's split, recorded on 4 replicas: Dataset.range(7).batch(7)
+        tf_split = ANSWERS["dataset.split_n7_b7"]["result"][0]["values"]
+        assert split == [v["value"] for v in tf_split]
     x = next(iter(strategy.experimental_distribute_dataset([data])))
+    assert local(strategy, x) == split
     traces = []
 
     def step(x):
@@ -311,7 +356,9 @@ def test_partial_batch_inside_jit_gives_tfs_answer(strategy):
     for out in (eager, traced, traced_again):
         sums, total, rows = out
         assert local(strategy, total) == [float(data.sum())] * n
-        assert sum(local(strategy, sums)) == float(data.sum())
+        assert local(strategy, sums) == [sum(part) for part in split]
+        assert local(strategy, rows) == [len(part) for part in split]
+    # MEAN along the batch divides by the true count (TF: reduce.ragged_mean_axis0)
     mean = jax.jit(lambda x: strategy.reduce("MEAN", x, axis=0))(x)
     assert float(mean) == pytest.approx(float(data.mean()))
     n_traces = len(traces)

@@ -1,10 +1,15 @@
 """Executes every notebook in notebooks/ (a failing cell fails the test).
 
+Each notebook checks the claims its text makes (the numbers it prints, the splits, the
+agreement with one device) with `assert`s in its cells, so running it tests them; a
+notebook without any assertion fails `test_every_notebook_asserts_its_claims`.
+
 The kernel is this interpreter (``sys.executable``): the test writes a private
 kernelspec into a temporary ``JUPYTER_PATH`` entry, so a user-wide ``python3``
 kernel pointing at another Python can never be picked up by mistake.
 """
 
+import ast
 import json
 import sys
 import time
@@ -47,6 +52,26 @@ def test_notebooks_are_stripped():
         for cell in nb.cells:
             if cell.cell_type == "code":
                 assert cell.outputs == [] and cell.execution_count is None, path.name
+
+
+def assertions(nb) -> int:
+    """How many `assert` statements (and `raise AssertionError`) the notebook's code has."""
+    count = 0
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            code = "\n".join(x for x in cell.source.splitlines() if not x.lstrip().startswith("%"))
+            for node in ast.walk(ast.parse(code)):
+                count += isinstance(node, ast.Assert) or (
+                    isinstance(node, ast.Raise) and "AssertionError" in ast.unparse(node)
+                )
+    return count
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_notebook_asserts_its_claims(path):
+    nb = nbformat.read(path, as_version=4)
+    code_cells = sum(cell.cell_type == "code" for cell in nb.cells)
+    assert assertions(nb) >= code_cells // 3 > 0, f"{path.name} asserts too little of what it shows"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import jaxdist as jd
-from jaxdist import _replay
 
 PARTIAL = [2, 4, 8]
 
@@ -44,24 +43,44 @@ def local(s, v):
 
 
 @pytest.fixture(params=["grouped", "one_at_a_time"])
-def tracing(request, monkeypatch):
-    """Forces one tracing (a failure of the other one would otherwise be hidden)."""
+def tracing(request):
+    """Forces one tracing (a failure of the other one would otherwise be hidden), through the
+    step itself. The grouped tracing runs the step under `jax.vmap` over the replicas of a
+    group, so their replica id is a tracer; one replica at a time, it is a Python int. A step
+    that fails in the grouped tracing is traced one replica at a time. ``probe(x)`` is ``x``,
+    refusing the other tracing; ``seen`` records which tracing called it."""
+    mode, seen = request.param, []
 
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"{request.param} tracing was expected")
+    def probe(x):
+        rid = jd.get_replica_context().replica_id_in_sync_group
+        now = "one_at_a_time" if isinstance(rid, int) else "grouped"
+        if now != mode and mode == "grouped":
+            raise AssertionError("grouped tracing was expected")
+        if now != mode:
+            raise ValueError("refused when grouped: the tracing falls back to one at a time")
+        seen.append(now)
+        return x
 
-    name = "trace_replicas" if request.param == "grouped" else "trace_groups"
-    monkeypatch.setattr(_replay, name, refuse)
-    return request.param
+    return mode, probe, seen
 
 
 @pytest.mark.parametrize("n", PARTIAL)
 @pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
 def test_partial_batch_collectives(n, jitted, tracing):
+    mode, probe, seen = tracing
     s = jd.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
     data, x = partial_batch(s)
-    run = jax.jit(lambda x: s.run(step, args=(x,))) if jitted else lambda x: s.run(step, args=(x,))
+
+    def probed(x):
+        return step(probe(x))
+
+    run = (
+        jax.jit(lambda x: s.run(probed, args=(x,)))
+        if jitted
+        else lambda x: s.run(probed, args=(x,))
+    )
     out = run(x)
+    assert seen and set(seen) == {mode}
     rows = [len(p) for p in s.experimental_local_results(x)]
     assert rows == [2] * (n - 1) + [1]
     assert local(s, out["mean"]) == pytest.approx([float(data.sum()) / len(data)] * n)

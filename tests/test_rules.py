@@ -73,16 +73,16 @@ def test_accumulation_fn_is_used_in_steps_except_for_int32(n):
     ids = sum(range(n))
     as_f32 = lambda r: jnp.asarray(r, jnp.float32)  # noqa: E731
     as_i32 = lambda r: jnp.asarray(r, jnp.int32)  # noqa: E731
-    assert_all(in_step_results(s, as_f32, "SUM"), [ids + 100.0] * n)
-    assert_all(in_step_results(s, as_f32, "MEAN"), [(ids + 100.0) / n] * n)
+    sums, means = in_step_results(s, as_f32, "SUM"), in_step_results(s, as_f32, "MEAN")
+    assert_all(sums, [ids + 100.0] * n)
+    assert_all(means, [(ids + 100.0) / n] * n)
     int_sums = in_step_results(s, as_i32, "SUM")  # TF: int32 takes a plain reduction
     assert_all(int_sums, [ids] * n)
+    assert all(type(x) is int for got in int_sums.values() for x in got)  # and stays int32
     if n == 4:
         assert int_sums["compiled"] == tf_values("accfn.all_reduce_sum_int32_tensor")
-        assert in_step_results(s, as_f32, "SUM")["ragged"] == tf_values("accfn.all_reduce_sum_f32")
-        assert in_step_results(s, as_f32, "MEAN")["compiled"] == tf_values(
-            "accfn.all_reduce_mean_f32"
-        )
+        assert sums["ragged"] == tf_values("accfn.all_reduce_sum_f32")
+        assert means["compiled"] == tf_values("accfn.all_reduce_mean_f32")
 
 
 def test_int32_partial_batch_regression():
@@ -99,11 +99,12 @@ def test_int32_partial_batch_regression():
 def test_mean_of_integers_is_a_float_mean_everywhere(n):
     s = jd.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
     expected = [(n - 1) / 2] * n
-    assert_all(in_step_results(s, lambda r: r, "MEAN"), expected)
+    means = in_step_results(s, lambda r: r, "MEAN")
+    assert_all(means, expected)
+    # a float mean; TF: one replica's MEAN is the int32 itself
+    assert all(type(x) is (int if n == 1 else float) for got in means.values() for x in got)
     if n == 4:
-        assert in_step_results(s, lambda r: r, "MEAN")["compiled"] == tf_values(
-            "all_reduce.int32_mean"
-        )
+        assert means["compiled"] == tf_values("all_reduce.int32_mean")
     v = s.experimental_distribute_values_from_function(
         lambda c: jnp.int32(c.replica_id_in_sync_group)
     )
@@ -178,6 +179,7 @@ def test_non_distributed_values_on_every_path(n):
                 reduce("SUM", x, None)
         else:
             assert reduce("SUM", x, None).tolist() == [1.0, 2.0]
+    assert s.gather(x, axis=0) is x  # one value: nothing to gather (TF's nondist.* vectors)
     if n == 4:
         assert (
             float(s.reduce("SUM", x, 0)) == ANSWERS["nondist.reduce_sum_axis0"]["result"]["value"]

@@ -61,14 +61,6 @@ def test_output_types(strategy):
         assert devices == list(strategy.extended.replicas.devices)
 
 
-def test_one_device_doc_example():
-    strategy = jd.OneDeviceStrategy(device="/cpu:0")
-    result = 0
-    for i in range(10):
-        result += strategy.run(lambda x: x * 2, args=(i,))
-    assert int(result) == 90
-
-
 def test_trace_count_compiles_once(strategy):
     traces = []
 

@@ -395,8 +395,11 @@ def test_tree_map_to_non_arrays_gives_a_printable_value_and_a_clear_error(strate
     for rows in (2 * n, 2 * n - 1):  # a full and (from 2 replicas) a partial batch
         (x,) = strategy.experimental_distribute_dataset([np.ones((rows, 2), np.float32)])
         out = strategy.run(lambda v: v * 2, args=(x,))
-        if n == 1:
-            continue  # one replica: run returns a plain array
+        if n == 1:  # one replica: run returns a plain array, mapped as one
+            assert isinstance(out, jax.Array) and np.asarray(out).tolist() == [[2.0, 2.0]] * rows
+            assert jax.tree.map(lambda a: a.shape, out) == (rows, 2)
+            assert jax.tree.map(lambda a: None, out) is None
+            continue
         shapes = jax.tree.map(lambda a: a.shape, out)
         assert repr(shapes).startswith("PerReplica(") and f"({n}, " in repr(shapes)
         with pytest.raises(TypeError, match="experimental_local_results"):

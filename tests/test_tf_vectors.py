@@ -30,7 +30,14 @@ def test_dataset_split_lengths_match_tf(case):
     assert got == ANSWERS[case]["result"]
 
 
-@pytest.mark.parametrize("n", [1, 3, 5])
+ONE_ROW_MEAN_IS_INT = pytest.mark.xfail(
+    strict=True,
+    reason="jaxdist bug (issue 21 report): when only one replica holds rows, the MEAN along "
+    "axis 0 of an integer batch is int32; TF gives a float (dataset.reduce_mean_axis0_n1)",
+)
+
+
+@pytest.mark.parametrize("n", [pytest.param(1, marks=ONE_ROW_MEAN_IS_INT), 3, 5])
 def test_partial_batch_reductions_match_tf(n):
     s = strategy4()
     x = next(iter(s.experimental_distribute_dataset([np.arange(n)])))
@@ -38,8 +45,11 @@ def test_partial_batch_reductions_match_tf(n):
     def tf(kind):
         return ANSWERS[f"dataset.{kind}_n{n}"]["result"]["value"]
 
-    assert float(s.reduce("MEAN", x, axis=0)) == pytest.approx(tf("reduce_mean_axis0"))
-    assert int(s.reduce("SUM", x, axis=0)) == tf("reduce_sum_axis0")
+    mean, total = s.reduce("MEAN", x, axis=0), s.reduce("SUM", x, axis=0)
+    assert float(mean) == pytest.approx(tf("reduce_mean_axis0"))
+    assert int(total) == tf("reduce_sum_axis0")
+    # TF: the MEAN of an integer batch is a float (float64 there, float32 without x64)
+    assert jnp.issubdtype(mean.dtype, jnp.floating) and jnp.issubdtype(total.dtype, jnp.integer)
     assert s.gather(x, axis=0).tolist() == tf("gather_axis0")
 
 
@@ -50,8 +60,13 @@ def test_run_outputs_collapse_like_tf():
 
 
 def test_onedevice_reductions_match_tf():
+    """OneDeviceStrategy.reduce's doc example (seed 003), with TF's answers."""
     od = jd.OneDeviceStrategy("/cpu:0")
     t = jnp.arange(10)
+    assert (
+        od.reduce(jd.ReduceOp.SUM, t, axis=None).tolist()
+        == ANSWERS["onedevice.reduce_sum_range10_axisNone"]["result"]["value"]
+    )
     assert (
         od.reduce("SUM", t, axis=0)
         == ANSWERS["onedevice.reduce_sum_range10_axis0"]["result"]["value"]
