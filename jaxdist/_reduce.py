@@ -162,7 +162,7 @@ def reduce_value(replicas: Replicas, cdo: Any, op: ReduceOp, value: Any, axis: i
     x = stack(value)
     if x is not None and is_traced(value):
         ax = _axis(axis, x.ndim - 1, "the per-replica values") + 1
-        return finish(op, jnp.sum(x, axis=(0, ax)), x.shape[0] * x.shape[ax])
+        return finish(op, jnp.sum(x, axis=(0, ax)), x.shape[0] * x.shape[ax], elements=True)
     pad = padded(value)
     if pad is not None:
         sums, count = _padded_sums(value, _axis(axis, jnp.ndim(pad[0]) - 1, "the values"))
@@ -177,7 +177,7 @@ def reduce_value(replicas: Replicas, cdo: Any, op: ReduceOp, value: Any, axis: i
             raise NotImplementedError(f"{MULTI_WORKER_RAGGED} (strategy.reduce).")
         sums = from_parts([jnp.sum(p, axis=a) for p, a in zip(rows, axes)])
         count = sum(p.shape[a] for p, a in zip(rows, axes))
-    return finish(op, across(replicas, cdo, ReduceOp.SUM, sums), count)
+    return finish(op, across(replicas, cdo, ReduceOp.SUM, sums), count, elements=True)
 
 
 def released(x: Any, replicas: Replicas) -> Any:
@@ -204,7 +204,7 @@ def _reduce_plain(replicas: Replicas, op: ReduceOp, value: Any, axis: int | None
         return x
     ax = _axis(axis, x.ndim, "value")
     if op is ReduceOp.MEAN:
-        return finish(op, jnp.sum(x, axis=ax), x.shape[ax])
+        return finish(op, jnp.sum(x, axis=ax), x.shape[ax], elements=True)
     return jnp.sum(x, axis=ax) * n if n > 1 else jnp.sum(x, axis=ax)
 
 

@@ -54,20 +54,21 @@ def parse_reduce_op(reduce_op: Any, *, allow_strings: bool = True) -> ReduceOp:
     raise ValueError(f"reduce_op must be {valid}; got {reduce_op!r}.")
 
 
-def finish(op: ReduceOp, total: Any, count: Any) -> Any:
+def finish(op: ReduceOp, total: Any, count: Any, elements: bool = False) -> Any:
     """TF's MEAN rule, used by every reduction: ``total / count``; SUM is ``total``.
 
     ``count`` is the true number of combined elements (replicas, or rows of a
     partial batch); integer totals give a floating-point mean, as in TF. The mean
-    of one element is that element, dtype included (TF: a one-replica strategy's
-    MEAN of an int32 is the int32).
+    over one replica is that replica's value, dtype included (TF: a one-replica
+    strategy's MEAN of an int32 is the int32); a mean along an axis (``elements``)
+    is always a division, also of one element (TF: a float).
 
     >>> import jax.numpy as jnp
     >>> float(finish(ReduceOp.MEAN, jnp.int32(7), 2)), int(finish(ReduceOp.SUM, jnp.int32(7), 2))
     (3.5, 7)
-    >>> finish(ReduceOp.MEAN, jnp.int32(7), 1).dtype
-    dtype('int32')
+    >>> finish(ReduceOp.MEAN, jnp.int32(7), 1).dtype, finish(ReduceOp.MEAN, jnp.int32(7), 1, True).dtype
+    (dtype('int32'), dtype('float32'))
     """
-    if op is not ReduceOp.MEAN or (isinstance(count, int) and count == 1):
+    if op is not ReduceOp.MEAN or (not elements and isinstance(count, int) and count == 1):
         return total
     return jnp.true_divide(total, count)

@@ -30,14 +30,7 @@ def test_dataset_split_lengths_match_tf(case):
     assert got == ANSWERS[case]["result"]
 
 
-ONE_ROW_MEAN_IS_INT = pytest.mark.xfail(
-    strict=True,
-    reason="jaxdist bug (issue 21 report): when only one replica holds rows, the MEAN along "
-    "axis 0 of an integer batch is int32; TF gives a float (dataset.reduce_mean_axis0_n1)",
-)
-
-
-@pytest.mark.parametrize("n", [pytest.param(1, marks=ONE_ROW_MEAN_IS_INT), 3, 5])
+@pytest.mark.parametrize("n", [1, 3, 5])
 def test_partial_batch_reductions_match_tf(n):
     s = strategy4()
     x = next(iter(s.experimental_distribute_dataset([np.arange(n)])))
