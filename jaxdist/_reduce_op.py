@@ -66,7 +66,8 @@ def finish(op: ReduceOp, total: Any, count: Any, elements: bool = False) -> Any:
     >>> import jax.numpy as jnp
     >>> float(finish(ReduceOp.MEAN, jnp.int32(7), 2)), int(finish(ReduceOp.SUM, jnp.int32(7), 2))
     (3.5, 7)
-    >>> finish(ReduceOp.MEAN, jnp.int32(7), 1).dtype, finish(ReduceOp.MEAN, jnp.int32(7), 1, True).dtype
+    >>> one = jnp.int32(7)
+    >>> finish(ReduceOp.MEAN, one, 1).dtype, finish(ReduceOp.MEAN, one, 1, elements=True).dtype
     (dtype('int32'), dtype('float32'))
     """
     if op is not ReduceOp.MEAN or (not elements and isinstance(count, int) and count == 1):
