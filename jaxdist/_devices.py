@@ -172,6 +172,10 @@ class Replicas:
         """The sharding of a value held whole on every replica device."""
         return NamedSharding(self.sharding.mesh, PartitionSpec())
 
+    def replicate(self, x: Any) -> jax.Array:
+        """``x`` whole on every replica device (`replicated`)."""
+        return jax.device_put(x, self.replicated)
+
     def strings(self, local_only: bool = False) -> tuple[str, ...]:
         """The devices as TF-style strings (this process's only, with ``local_only``)."""
         devices = self.local_devices if local_only else self.devices

@@ -13,6 +13,7 @@ here (there is no mapped axis).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -165,12 +166,13 @@ def _run_compiled(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, inp
         staged = Staged(fn, program, avals, outputs=lambda: [c[0] for c in info["consts"] if c])
         return jax.jit(staged.evaluate), info, staged
 
+    to_first = functools.partial(jax.device_put, device=replicas.first_device)
     (program, info, staged), extra = _compile.steps.get(
-        fn, key, build, lambda entry: entry[2].inputs(fn)
+        fn, key, build, lambda entry: entry[2].inputs(fn, to_first)
     )
-    first = [replicas.first_device] * (len(arrays) + len(extra))
-    host = [_host_view(x, replicas) for x in [*(flat[i] for i in arrays), *extra]]
-    traced = iter(program(*jax.device_put(host, first)))
+    first = [replicas.first_device] * len(arrays)
+    host = [_host_view(flat[i], replicas) for i in arrays]
+    traced = iter(program(*jax.device_put(host, first), *extra))
     out = [next(traced) if c is None else staged.output(fn, c[0]) for c in info["consts"]]
     return _to_replicas(jax.tree.unflatten(info["treedef"], out), replicas)
 

@@ -186,8 +186,9 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
         axes = (*in_axes, *[None] * staged.num_inputs)
         return _compile.pmap(staged.evaluate, replicas, axes), info, staged
 
+    place = None if replicas.multi_process else replicas.replicate
     (program, info, staged), extra = _compile.steps.get(
-        fn, key, build, lambda entry: entry[2].inputs(fn)
+        fn, key, build, lambda entry: entry[2].inputs(fn, place)
     )
     what = f"strategy.run({describe(fn)})"
     outs = _compile.dispatch(program, replicas, *ids, *arrays, *extra, what=what)

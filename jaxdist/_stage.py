@@ -74,6 +74,7 @@ class Staged:
             id(x): c for x, c in zip(out_consts, chains[len(consts) :]) if c is not None
         }
         self._watched = _capture.watch(fn)
+        self._placed: list = [None] * len(self._lifted)
         self.num_inputs = len(self._lifted)
 
     def evaluate(self, *args: Any) -> list:
@@ -84,19 +85,27 @@ class Staged:
             consts[i] = v
         return jaxpr_as_fun(ClosedJaxpr(self._jaxpr, consts))(*args[:k])
 
-    def inputs(self, fn: Callable) -> list | None:
+    def inputs(self, fn: Callable, place: Callable[[Any], Any] | None = None) -> list | None:
         """The captured arrays now, or None when ``fn``'s state no longer fits this trace
-        (a watched number changed, an array changed shape or dtype, or moved)."""
+        (a watched number changed, an array changed shape or dtype, or moved).
+
+        ``place`` puts a JAX array where the program reads it; the placed copy is kept
+        while the state holds the same array (JAX arrays are immutable), so unchanged
+        state is not copied again on every call. NumPy arrays are placed every call
+        (they can change in place).
+        """
         if self._watched and _capture.changed(fn, self._watched):
             return None
         out = []
-        for _, chain, shape, dtype in self._lifted:
+        for k, (_, chain, shape, dtype) in enumerate(self._lifted):
             try:
                 v = _capture.fetch(fn, chain)
             except _capture.Gone:
                 return None
             if not _is_array(v) or np.shape(v) != shape or v.dtype != dtype:
                 return None
+            if place is not None:
+                v = self._place(k, v, place)
             out.append(v)
         for chain in self._outs.values():
             try:
@@ -104,6 +113,16 @@ class Staged:
             except _capture.Gone:
                 return None
         return out
+
+    def _place(self, k: int, v: Any, place: Callable[[Any], Any]) -> Any:
+        if not isinstance(v, jax.Array):
+            return place(v)
+        last = self._placed[k]
+        if last is not None and last[0] is v:
+            return last[1]
+        placed = place(v)
+        self._placed[k] = (v, placed)
+        return placed
 
     def output(self, fn: Callable, value: Any) -> Any:
         """An untraced output ``value`` of the trace, as ``fn``'s state holds it now."""

@@ -245,3 +245,18 @@ def test_inside_jax_jit_closures_are_constants_as_in_jax(strategy):
     assert first(strategy, f()) == 1.0
     box["w"] = jnp.float32(2.0)
     assert first(strategy, f()) == 1.0  # jax.jit's cache: documented in the README
+
+
+def test_unchanged_captured_array_is_not_copied_again(strategy):
+    big = {"w": jnp.ones((64, 64))}
+
+    def step(x):
+        return jnp.sum(big["w"]) + x
+
+    x = strategy.experimental_distribute_values_from_function(lambda c: jnp.zeros(()))
+    strategy.run(step, args=(x,))
+    with jax.transfer_guard("disallow"):  # the state's replicated copy is reused
+        out = strategy.run(step, args=(x,))
+    assert first(strategy, out) == 64.0 * 64.0
+    big["w"] = jnp.full((64, 64), 2.0)  # a new array: placed once, then reused
+    assert first(strategy, strategy.run(step, args=(x,))) == 2 * 64.0 * 64.0
