@@ -74,12 +74,39 @@ def _mlp(strategy, batch=32):
     return run_jd, run_raw
 
 
+def _captured(strategy):
+    """A trainer whose eager step reads its weights from ``self`` (TF's style; jaxdist
+    fetches them on every call) vs raw pmap given the same weights as an argument."""
+
+    class Trainer:
+        def __init__(self):
+            self.w = jnp.ones((256, 256)) * 0.01
+            self.b = jnp.zeros(256)
+
+        def step(self, x):
+            return jnp.tanh(x @ self.w + self.b)
+
+    t = Trainer()
+    x = strategy.experimental_distribute_values_from_function(lambda c: jnp.ones((8, 256)))
+    xs = jax.tree.leaves(x)[0]
+    wr = strategy.extended.replicas.replicate(t.w)
+    br = strategy.extended.replicas.replicate(t.b)
+    raw = jax.pmap(
+        lambda x, w, b: jnp.tanh(x @ w + b),
+        in_axes=(0, None, None),
+        axis_name="r",
+        devices=strategy.extended.replicas.devices,
+    )
+    return (lambda: strategy.run(t.step, args=(x,))), (lambda: raw(xs, wr, br))
+
+
 def main():
     strategy = jd.MirroredStrategy([f"/cpu:{i}" for i in range(R)])
     rows, data = [], {}
     for name, make, n in (
         ("tiny (x + 1)", _tiny, 300),
         ("MLP train step (784-256-10, batch 32/replica)", _mlp, 60),
+        ("step reading self.w, self.b (256x256) vs raw pmap given them", _captured, 200),
     ):
         ours, raw = make(strategy)
         # Same blocking policy for both: wait on the step 4 calls back (jaxdist's cap).
