@@ -88,6 +88,8 @@ def _children(obj: Any) -> Iterator[tuple[tuple, Any]]:
         for k in list(obj)[:_MAX_ITEMS]:
             yield ("item", k), obj[k]
     else:
+        if hasattr(type(obj), "__jaxdist_local__"):  # a Mirrored used as an array
+            yield ("local", None), obj.__jaxdist_local__()
         node = _pytree_children(obj)
         if node is not None:
             for i, a in enumerate(node[0]):
@@ -197,6 +199,7 @@ def _child(obj: Any, key: tuple) -> Any:
 
 _STEPS: dict[str, Callable[[Any, Any], Any]] = {
     "self": lambda o, k: o.__self__,
+    "local": lambda o, k: o.__jaxdist_local__(),
     "func": lambda o, k: o.__func__,
     "pfunc": lambda o, k: o.func,
     "parg": lambda o, k: o.args[k],

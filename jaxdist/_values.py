@@ -165,32 +165,45 @@ class Mirrored(DistributedValues):
     (True, 3.0, 2.0, ())
     """
 
+    def __jaxdist_local__(self) -> Any:
+        """The local (first) replica's component, as one array (kept: it is read where
+        the Mirrored is used as an array, and a step's captured state is found by it)."""
+        try:
+            return self.__dict__["local"]
+        except KeyError:
+            pass
+        with jax.ensure_compile_time_eval():  # concrete components stay concrete in a trace
+            local = jnp.asarray(self.values[0])
+        if not isinstance(local, jax.core.Tracer):  # never keep a tracer
+            self.__dict__["local"] = local
+        return local
+
     def __jax_array__(self) -> Any:
-        return jnp.asarray(self.values[0])
+        return self.__jaxdist_local__()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        return np.asarray(self.values[0], dtype=dtype)
+        return np.asarray(self.__jaxdist_local__(), dtype=dtype)
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(np.shape(self.values[0]))
+        return tuple(np.shape(self.__jaxdist_local__()))
 
     @property
     def dtype(self) -> Any:
-        return jnp.asarray(self.values[0]).dtype
+        return self.__jaxdist_local__().dtype
 
     def __neg__(self) -> Any:
-        return -jnp.asarray(self.values[0])
+        return -self.__jaxdist_local__()
 
     def __getitem__(self, index: Any) -> Any:
-        return jnp.asarray(self.values[0])[index]
+        return self.__jaxdist_local__()[index]
 
 
 def _binary(op: Callable, reflected: bool) -> Callable:
     def method(self: Mirrored, other: Any) -> Any:
-        a, b = jnp.asarray(self.values[0]), other
+        a, b = self.__jaxdist_local__(), other
         if isinstance(b, Mirrored):
-            b = jnp.asarray(b.values[0])
+            b = b.__jaxdist_local__()
         return op(b, a) if reflected else op(a, b)
 
     return method

@@ -260,3 +260,19 @@ def test_unchanged_captured_array_is_not_copied_again(strategy):
     assert first(strategy, out) == 64.0 * 64.0
     big["w"] = jnp.full((64, 64), 2.0)  # a new array: placed once, then reused
     assert first(strategy, strategy.run(step, args=(x,))) == 2 * 64.0 * 64.0
+
+
+def test_a_captured_mirrored_value_is_read_each_call(strategy):
+    """A Mirrored read as an array inside the step stands for its local component (TF)."""
+    devices = strategy.experimental_distribute_values_from_function(lambda c: jnp.zeros(()))
+    state = {"m": strategy.extended.broadcast_to(jnp.float32(1.0), devices)}
+    if strategy.num_replicas_in_sync > 1:
+        assert isinstance(state["m"], jd.Mirrored)
+
+    def step():
+        return state["m"] * 2.0
+
+    assert first(strategy, strategy.run(step)) == 2.0
+    state["m"] = strategy.extended.broadcast_to(jnp.float32(5.0), devices)
+    assert first(strategy, strategy.run(step)) == 10.0
+    assert jd.experimental.step_count(step) == 1
