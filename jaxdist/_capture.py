@@ -238,6 +238,13 @@ def changed(fn: Callable, watched: tuple[tuple[Chain, Any], ...]) -> bool:
             now = fetch(fn, chain)
         except Gone:
             return True
-        if now is not value and (type(now) is not type(value) or now != value):
+        if now is not value and (type(now) is not type(value) or not _equal(now, value)):
             return True
     return False
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b) or (a != a and b != b)  # NaN is its own value here
+    except Exception:  # noqa: BLE001 - a value that cannot be compared counts as changed
+        return False

@@ -276,3 +276,14 @@ def test_a_captured_mirrored_value_is_read_each_call(strategy):
     state["m"] = strategy.extended.broadcast_to(jnp.float32(5.0), devices)
     assert first(strategy, strategy.run(step)) == 10.0
     assert jd.experimental.step_count(step) == 1
+
+
+def test_a_nan_read_by_the_step_does_not_retrace(strategy):
+    box = {"best": float("nan")}
+
+    def step():
+        return jnp.float32(1.0) + (0.0 if box["best"] != box["best"] else 1.0)
+
+    for _ in range(3):
+        assert first(strategy, strategy.run(step)) == 1.0
+    assert jd.experimental.step_count(step) == 1
