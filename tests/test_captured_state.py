@@ -287,3 +287,20 @@ def test_a_nan_read_by_the_step_does_not_retrace(strategy):
     for _ in range(3):
         assert first(strategy, strategy.run(step)) == 1.0
     assert jd.experimental.step_count(step) == 1
+
+
+def test_a_typed_prng_key_on_the_object_is_read_each_call(strategy):
+    class T:
+        def __init__(self):
+            self.key = jax.random.key(0)
+
+        def step(self):
+            return jax.random.normal(self.key, ())
+
+    t, seen, want = T(), [], []
+    for _ in range(3):
+        seen.append(first(strategy, strategy.run(t.step)))
+        want.append(float(jax.random.normal(t.key, ())))
+        t.key = jax.random.split(t.key)[0]
+    assert seen == pytest.approx(want) and len(set(seen)) == 3
+    assert jd.experimental.step_count(t.step) == 1
