@@ -25,6 +25,7 @@ from jaxdist._devices import Replicas
 from jaxdist._distributed import is_single_worker, join_cluster
 from jaxdist._extended import StrategyExtended
 from jaxdist._input import DistributedDataset, InputContext
+from jaxdist._input_iter import DatasetIterator
 from jaxdist._numpy_dataset import NumpyDataset
 from jaxdist._options import InputOptions
 from jaxdist._strategy import Strategy
@@ -114,6 +115,29 @@ class StrategyV1(Strategy):
         with self.scope():
             element = get_next()
         return self.run(fn, args=(element,))
+
+    def make_dataset_iterator(self, dataset: Any) -> DatasetIterator:
+        """(TF 1.x) An iterator over ``experimental_distribute_dataset(dataset)``.
+
+        ``dataset`` yields global batches, split over the replicas as
+        `experimental_distribute_dataset` splits them. The iterator has TF1's
+        ``get_next()``, ``initialize()`` / ``initializer`` (eagerly: start again
+        from the beginning) and is what `experimental_run` consumes. TF 2.21 has
+        the method on its TF2 strategies too, without a warning.
+
+        >>> import warnings, numpy as np, jaxdist as jd
+        >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        >>> it = s.make_dataset_iterator([np.arange(4.0)])
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore", DeprecationWarning)
+        ...     out = s.experimental_run(lambda x: x * 2, it)
+        >>> [x.tolist() for x in s.experimental_local_results(out)]
+        [[0.0, 2.0], [4.0, 6.0]]
+
+        Raises:
+            TypeError: ``dataset`` is not iterable (see `experimental_distribute_dataset`).
+        """
+        return DatasetIterator(self.experimental_distribute_dataset(dataset))
 
     @deprecated("run")
     def experimental_run_v2(

@@ -235,7 +235,15 @@ def step_count(fn: Callable) -> int:
     ...     _ = s.run(step, args=(i,))   # Python numbers are traced: one compile
     >>> jd.experimental.step_count(step)
     1
+
+    Raises:
+        TypeError: ``fn`` is not callable (the function given to `Strategy.run`).
     """
+    if not callable(fn):
+        raise TypeError(
+            "step_count(fn) takes the function given to strategy.run; "
+            f"got {type(fn).__name__} {fn!r}."
+        )
     return steps.size(fn)
 
 

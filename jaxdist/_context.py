@@ -33,13 +33,26 @@ class State:
     """The whole mode state: which strategy, which mode, the replica's context.
 
     ``set_base`` is the state `set_strategy` replaced (None unless this state
-    was installed by `experimental_set_strategy`).
+    was installed by `experimental_set_strategy`). ``scopes`` are the open
+    ``strategy.scope()`` entries, innermost last. ``merge_from`` is, in a
+    ``merge_fn`` called from a compiled step, the replica context whose
+    ``merge_call`` called it (``call_for_each_replica`` runs on its replicas).
     """
 
     strategy: Any = None
     mode: Mode = Mode.DEFAULT
     replica_context: Any = None
     set_base: State | None = None
+    scopes: tuple[ScopeEntry, ...] = ()
+    merge_from: Any = None
+
+
+@dataclasses.dataclass(eq=False)
+class ScopeEntry:
+    """One entry of a ``strategy.scope()``: the state it replaced, and whether it is closed."""
+
+    before: State
+    closed: bool = False
 
 
 _STATE: contextvars.ContextVar[State] = contextvars.ContextVar("jaxdist_state", default=State())
@@ -64,19 +77,54 @@ class Scope:
 
     The same object may be entered several times, one after the other or
     nested in itself (as TF's scope objects can); each exit restores the state
-    its entry replaced.
+    its entry replaced. Scopes must be exited innermost first (a ``with``
+    block always does): exiting an outer scope while an inner one is open
+    raises `RuntimeError` and marks the outer one closed, so the state is the
+    default again once every scope has been exited.
     """
 
     def __init__(self, strategy: Any) -> None:
         self._strategy = strategy
-        self._tokens: list[contextvars.Token] = []
+        self._entries: list[ScopeEntry] = []
 
     def __enter__(self) -> Any:
-        self._tokens.append(_STATE.set(scope_state(self._strategy)))
+        state = scope_state(self._strategy)
+        entry = ScopeEntry(before=current())
+        self._entries.append(entry)
+        _STATE.set(dataclasses.replace(state, scopes=(*state.scopes, entry)))
         return self._strategy
 
     def __exit__(self, *exc: Any) -> None:
-        _STATE.reset(self._tokens.pop())
+        if not self._entries:
+            raise RuntimeError(
+                f"{self._strategy!r}.scope() was exited more times than it was entered."
+            )
+        entry = self._entries.pop()
+        open_ = current().scopes
+        if open_ and open_[-1] is entry:
+            _STATE.set(_before(entry))
+            return
+        if not any(e is entry for e in open_):
+            self._entries.append(entry)  # still open where it was entered: exit it there
+            raise RuntimeError(
+                f"{self._strategy!r}.scope() was exited in a different thread or context "
+                "than the one it was entered in (or inside strategy.run); exit it where it "
+                "was entered."
+            )
+        entry.closed = True
+        raise RuntimeError(
+            f"{self._strategy!r}.scope() was exited while a scope entered after it is "
+            "still open; exit scopes innermost first (as `with` blocks do). It is now "
+            "closed: the state returns to what it was before it once the inner scopes exit."
+        )
+
+
+def _before(entry: ScopeEntry) -> State:
+    """The state to restore when ``entry`` exits: skips entries closed out of order."""
+    state = entry.before
+    while state.scopes and state.scopes[-1].closed:
+        state = state.scopes[-1].before
+    return state
 
 
 def _mixing(strategy: Any, other: Any, what: str) -> RuntimeError:
@@ -121,8 +169,13 @@ def check_can_run(strategy: Any) -> None:
         )
 
 
-def merge_state(strategy: Any) -> State:
-    return State(strategy=strategy, mode=Mode.MERGE)
+def merge_state(strategy: Any, merge_from: Any = None) -> State:
+    return State(strategy=strategy, mode=Mode.MERGE, merge_from=merge_from)
+
+
+def replica_again_state(strategy: Any, replica_context: Any) -> State:
+    """Replica mode again inside a ``merge_fn`` (``call_for_each_replica`` there)."""
+    return State(strategy=strategy, mode=Mode.REPLICA, replica_context=replica_context)
 
 
 def require_cross_replica(strategy: Any, what: str) -> None:

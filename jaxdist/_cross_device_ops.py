@@ -32,7 +32,7 @@ from jaxdist._devices import Replicas, resolve_device
 from jaxdist._layout import all_on_cpu, as_array, broadcast_rows, is_tracer, stacked_devices
 from jaxdist._options import CommunicationOptions, check_communication_options
 from jaxdist._reduce_op import ReduceOp, finish, parse_reduce_op
-from jaxdist._validate import check_callable
+from jaxdist._validate import check_callable, describe
 from jaxdist._values import (
     DistributedValues,
     Mirrored,
@@ -60,7 +60,25 @@ def accumulation_for(cdo: Any, value: Any) -> Callable | None:
     except for int32 values, which TF reduces with a plain `ReductionToOneDevice`.
     """
     fn = getattr(cdo, "accumulation_fn", None)
-    return None if fn is None or is_int32(value) else fn
+    return None if fn is None or is_int32(value) else checked_accumulation(fn)
+
+
+def checked_accumulation(fn: Callable[[list], Any]) -> Callable[[list], Any]:
+    """``fn`` (an ``accumulation_fn``) with its result checked: one array of the rows' shape."""
+
+    def accumulate(rows: list) -> Any:
+        out = fn(rows)
+        ok = isinstance(out, (jax.Array, np.ndarray, np.generic, int, float, complex))
+        if not ok or np.shape(out) != np.shape(rows[0]):
+            got = f"{type(out).__name__} {out!r}" if not ok else f"shape {np.shape(out)}"
+            raise TypeError(
+                f"accumulation_fn must return one array combining the {len(rows)} values it is "
+                f"given (shape {np.shape(rows[0])}, as tf.math.add_n does); {describe(fn)} "
+                f"returned {got}."
+            )
+        return out
+
+    return accumulate
 
 
 def effective_ops(cdo: CrossDeviceOps, value: Any, devices: tuple | int) -> CrossDeviceOps:
@@ -305,7 +323,7 @@ class ReductionToOneDevice(CrossDeviceOps):
 
     def _accumulate(self, rows: list) -> Any:
         if self.accumulation_fn is not None:
-            return self.accumulation_fn(rows)
+            return checked_accumulation(self.accumulation_fn)(rows)
         if len(rows) == 1:
             return rows[0]
         return _add_n(rows) if not any(is_tracer(r) for r in rows) else sum(rows[1:], rows[0])

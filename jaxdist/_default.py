@@ -21,7 +21,7 @@ from jaxdist._cross_device_ops import ReductionToOneDevice
 from jaxdist._devices import Replicas
 from jaxdist._extended import DEFAULT, StrategyExtended
 from jaxdist._options import RunOptions
-from jaxdist._replica_context import ReplicaContext
+from jaxdist._replica_context import ReplicaContext, default_replica_context
 from jaxdist._strategy import Strategy
 from jaxdist._validate import check_callable, check_fn_args, check_optional
 from jaxdist._values import ValueContext
@@ -135,18 +135,27 @@ def get_replica_context() -> ReplicaContext | None:
     if state.mode is Mode.REPLICA:
         return state.replica_context
     if state.mode is Mode.DEFAULT:
-        return ReplicaContext(default_strategy(), 0)
+        return default_replica_context(default_strategy())
     return None
 
 
 def get_cross_replica_context() -> Strategy | None:
     """The current strategy in cross-replica context, else None.
 
+    In the ``merge_fn`` of the default replica context's ``merge_call`` this is
+    the default strategy (as in TF), though `has_strategy` is False there.
+
     >>> import jaxdist as jd
     >>> jd.get_cross_replica_context() is None
     True
+    >>> jd.get_replica_context().merge_call(
+    ...     lambda s: jd.get_cross_replica_context() is s is jd.get_strategy())
+    True
     """
-    return _context.current().strategy if in_cross_replica_context() else None
+    if not in_cross_replica_context():
+        return None
+    strategy = _context.current().strategy
+    return strategy if strategy is not None else default_strategy()
 
 
 def experimental_set_strategy(strategy: Strategy | None) -> None:

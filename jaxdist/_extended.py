@@ -28,7 +28,14 @@ from jaxdist._cross_device_ops import (
 from jaxdist._devices import Replicas
 from jaxdist._layout import as_array, is_tracer, stacked_devices
 from jaxdist._reduce_op import ReduceOp, parse_reduce_op
-from jaxdist._values import DistributedValues, component_devices, is_distributed, is_traced
+from jaxdist._replica_context import call_in_merge
+from jaxdist._values import (
+    DistributedValues,
+    check_components,
+    component_devices,
+    is_distributed,
+    is_traced,
+)
 
 LOCAL, DEFAULT, MULTI_WORKER = "local", "default", "multi_worker"
 
@@ -137,6 +144,7 @@ class StrategyExtended:
         """
         _context.require_cross_replica(self._strategy, "strategy.extended.reduce_to")
         op = parse_reduce_op(reduce_op)
+        check_components(value, self._replicas, "strategy.extended.reduce_to")
         devices = destination_devices(destinations)
         if not is_distributed(value):
             check_plain_sum(op, self._replicas.num)
@@ -154,6 +162,8 @@ class StrategyExtended:
         _context.require_cross_replica(self._strategy, "strategy.extended.batch_reduce_to")
         op = parse_reduce_op(reduce_op)
         pairs = check_pairs(value_destination_pairs)
+        for value, _ in pairs:
+            check_components(value, self._replicas, "strategy.extended.batch_reduce_to")
         cdo = self._cross_device_ops
         if isinstance(cdo, ReductionToOneDevice) and cdo.accumulation_fn is not None:
             ints = {is_int32(v) for v, _ in pairs}
@@ -221,7 +231,25 @@ class StrategyExtended:
     def call_for_each_replica(
         self, fn: Callable, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
-        """Runs ``fn`` once per replica, as `Strategy.run`."""
+        """Runs ``fn`` once per replica, as `Strategy.run`.
+
+        Inside a ``merge_fn`` (from `ReplicaContext.merge_call` in a step) it runs
+        ``fn`` on every replica in replica context, as TF does, and returns
+        `PerReplica` results; ``fn``'s exceptions reach the caller as they are.
+
+        >>> import jaxdist as jd
+        >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        >>> def merge_fn(strategy):
+        ...     return strategy.extended.call_for_each_replica(
+        ...         lambda: jd.get_replica_context().replica_id_in_sync_group * 10)
+        >>> out = s.run(lambda: jd.get_replica_context().merge_call(merge_fn))
+        >>> [int(x) for x in s.experimental_local_results(out)]
+        [0, 10]
+        """
+        state = _context.current()
+        if state.mode is _context.Mode.MERGE and state.merge_from is not None:
+            if state.strategy is self._strategy:
+                return call_in_merge(self._strategy, state.merge_from, fn, args, kwargs)
         return self._strategy.run(fn, args, kwargs)
 
     def __repr__(self) -> str:

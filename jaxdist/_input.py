@@ -39,7 +39,7 @@ from jaxdist._options import (
     check_dataset_fn_modes,
     check_input_options,
 )
-from jaxdist._validate import check_callable
+from jaxdist._validate import check_callable, is_number
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,10 +75,18 @@ class InputContext:
         """``global_batch_size // num_replicas_in_sync``.
 
         Raises:
+            TypeError: ``global_batch_size`` is not a number (a Python or NumPy
+                number, a numeric array, or a traced one).
             ValueError: when ``global_batch_size`` is not divisible by
                 ``num_replicas_in_sync``.
         """
         n = self.num_replicas_in_sync
+        dtype = getattr(global_batch_size, "dtype", None)
+        if not is_number(global_batch_size) and not (dtype is not None and dtype.kind in "iuf"):
+            raise TypeError(
+                "get_per_replica_batch_size: global_batch_size must be a number (an int); got "
+                f"{type(global_batch_size).__name__} {global_batch_size!r}."
+            )
         if isinstance(global_batch_size, jax.core.Tracer):
             return global_batch_size // n
         if int(np.asarray(global_batch_size)) % n:

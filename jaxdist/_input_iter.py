@@ -19,6 +19,8 @@ from jaxdist._errors import InvalidArgumentError, OutOfRangeError
 from jaxdist._input_place import EMPTY as _EMPTY
 from jaxdist._input_place import INFINITE, UNKNOWN
 
+FIRST_FILL = 4  # elements read ahead by the first call at most (see DistributedIterator)
+
 
 class DistributedOptional:
     """The result of `DistributedIterator.get_next_as_optional`: a value, or none at the end.
@@ -100,8 +102,11 @@ class DistributedIterator:
 
     Prefetching: with ``InputOptions(experimental_per_replica_buffer_size=N)``
     the iterator keeps the N elements after the one it returns already read
-    and placed. `jax.device_put` is asynchronous, so their host-to-device
-    transfers run while the caller's step runs (reading the source itself
+    and placed. The buffer fills as the loop advances: the first call reads at
+    most ``1 + min(N, 4)`` elements and every later call at most two, so the
+    first element comes at once even with a huge N on an endless dataset.
+    `jax.device_put` is asynchronous, so their host-to-device transfers run
+    while the caller's step runs (reading the source itself
     happens in the caller's thread). An error in a batch is raised when that
     element is reached, not earlier.
 
@@ -134,7 +139,12 @@ e.g. strategy.run(replica_fn, args=(next(iterator),))
     def __next__(self) -> Any:
         _check_can_read()
         buffer = self._buffer
-        while self._producer is not None and len(buffer) <= self._ahead:
+        # A call reads a bounded number of elements (the first call: the one it returns and
+        # up to FIRST_FILL more; later calls: one more than they take), so a large buffer
+        # (or AUTOTUNE on an endless dataset) fills as the loop advances and the first
+        # element comes at once.
+        stop = len(buffer) + (1 + min(self._ahead, FIRST_FILL) if not buffer else 2)
+        while self._producer is not None and len(buffer) <= self._ahead and len(buffer) < stop:
             try:
                 buffer.append((True, next(self._producer)))
             except StopIteration:
@@ -276,3 +286,50 @@ class DistributedDataset:
         for element in self:
             state = reduce_func(state, element)
         return state
+
+
+class DatasetIterator:
+    """The iterator of the TF1 ``strategy.make_dataset_iterator(dataset)``.
+
+    It iterates over ``strategy.experimental_distribute_dataset(dataset)``, with
+    TF1's iterator API: `get_next`, `initialize` (eagerly, as TF's eager
+    iterator does: starts again from the beginning of the dataset and returns
+    None) and `initializer` (the same). `Strategy.experimental_run` consumes it.
+
+    >>> import numpy as np, jaxdist as jd
+    >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    >>> it = s.make_dataset_iterator([np.arange(4), np.arange(4, 8)])
+    >>> [x.tolist() for x in s.experimental_local_results(it.get_next())]
+    [[0, 1], [2, 3]]
+    >>> it.initialize()  # back to the first batch
+    >>> [x.tolist() for x in s.experimental_local_results(it.get_next())]
+    [[0, 1], [2, 3]]
+    """
+
+    def __init__(self, dataset: DistributedDataset) -> None:
+        self._dataset = dataset
+        self._iterator = iter(dataset)
+
+    def initialize(self) -> None:
+        """Starts again from the first element (TF's eager ``initialize``); returns None."""
+        self._iterator = iter(self._dataset)
+
+    @property
+    def initializer(self) -> None:
+        """TF1's initializer: eagerly, `initialize` (returns None)."""
+        return self.initialize()
+
+    def get_next(self) -> Any:
+        """The next element; `jaxdist.errors.OutOfRangeError` at the end of the data."""
+        return self._iterator.get_next()
+
+    def __iter__(self) -> DatasetIterator:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._iterator)
+
+    @property
+    def element_spec(self) -> Any:
+        """The element's structure of `jax.ShapeDtypeStruct` (None for an empty dataset)."""
+        return self._iterator.element_spec

@@ -88,7 +88,7 @@ def stack_placed(values: Sequence[Any]) -> jax.Array | None:
 def broadcast_rows(value: jax.Array, replicas: Replicas) -> jax.Array:
     """``value`` stacked once per replica (a Mirrored layout); zero-copy between CPUs."""
     if not replicas.multi_process and all_on_cpu(value, replicas.devices):
-        view = np.broadcast_to(np.asarray(value)[None], (replicas.num, *value.shape))
+        view = np.broadcast_to(host_view(value)[None], (replicas.num, *value.shape))
         return jax.device_put(view, replicas.sharding)
     return stack_on_devices([value] * replicas.num, replicas)
 
@@ -104,6 +104,36 @@ def sorted_shards(stacked: jax.Array) -> list:
     return sorted(stacked.addressable_shards, key=lambda s: s.index[0].start or 0)
 
 
+def host_view(x: Any) -> np.ndarray:
+    """``np.asarray(x)``, also for a zero-size array sharded over several devices (which
+    jax 0.10 cannot read that way: "could not broadcast (8,0,4) into (1,0,4)")."""
+    if isinstance(x, jax.Array) and x.size == 0:
+        return np.zeros(x.shape, x.dtype)
+    return np.asarray(x)
+
+
+def check_stacked(stacked: Any) -> None:
+    """Raises `NotAnArrayError` unless ``stacked`` can be a stacked value (an array with
+    a leading replica axis, or its shape description)."""
+    if isinstance(stacked, jax.ShapeDtypeStruct) and stacked.ndim:
+        return
+    if not isinstance(stacked, (jax.Array, np.ndarray)) or not np.ndim(stacked):
+        raise NotAnArrayError(
+            f"This distributed value holds a {type(stacked).__name__} where its stacked array "
+            "was (as jax.tree.map(f, value) gives when f returns something that is not an "
+            "array), so it has no per-replica values. Map over "
+            "strategy.experimental_local_results(value) instead to get one result per replica."
+        )
+
+
+class NotAnArrayError(AttributeError, TypeError):
+    """A distributed value whose stacked leaf is not an array has no per-replica values.
+
+    An `AttributeError` (so ``hasattr(value, "values")`` and other attribute probes
+    answer False instead of raising) and a `TypeError` (what it is).
+    """
+
+
 def shard_rows(stacked: Any) -> tuple:
     """The local rows of a stacked value, each a committed array on its device.
 
@@ -113,13 +143,7 @@ def shard_rows(stacked: Any) -> tuple:
     if isinstance(stacked, jax.ShapeDtypeStruct):
         row = jax.ShapeDtypeStruct(stacked.shape[1:], stacked.dtype)
         return (row,) * stacked.shape[0]
-    if not isinstance(stacked, (jax.Array, np.ndarray)) or not np.ndim(stacked):
-        raise TypeError(
-            f"This distributed value holds a {type(stacked).__name__} where its stacked array "
-            "was (as jax.tree.map(f, value) gives when f returns something that is not an "
-            "array), so it has no per-replica values. Map over "
-            "strategy.experimental_local_results(value) instead to get one result per replica."
-        )
+    check_stacked(stacked)
     if not isinstance(stacked, jax.Array) or is_tracer(stacked):
         return tuple(stacked[i] for i in range(np.shape(stacked)[0]))
     shards = sorted_shards(stacked)

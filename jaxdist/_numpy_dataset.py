@@ -8,6 +8,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxdist._layout import host_view
+
 
 class NumpyDataset:
     """A small dataset of the rows of NumPy arrays (``experimental_make_numpy_dataset``).
@@ -23,7 +25,7 @@ class NumpyDataset:
 
     def __init__(self, data: Any, batch_size: int | None = None, drop_remainder: bool = False):
         leaves, treedef = jax.tree.flatten(data)
-        arrays = [np.asarray(x) for x in leaves]
+        arrays = [host_view(x) for x in leaves]
         if not arrays or any(x.ndim == 0 for x in arrays):
             raise ValueError(
                 "numpy_input must be an array (or a dict/tuple/list nest of arrays) with a "

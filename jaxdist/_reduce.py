@@ -25,7 +25,7 @@ from jaxdist._cross_device_ops import (
     effective_ops,
 )
 from jaxdist._devices import AXIS, Replicas
-from jaxdist._layout import all_on_cpu, as_array, is_tracer, shard_rows
+from jaxdist._layout import all_on_cpu, as_array, host_view, is_tracer, shard_rows
 from jaxdist._reduce_op import ReduceOp, finish
 from jaxdist._values import (
     DistributedValues,
@@ -136,7 +136,7 @@ def _host_sum(ops: Any, op: ReduceOp, value: DistributedValues, replicas: Replic
         return None
     if not replicas.on_cpu or x.nbytes > SMALL_BYTES or not all_on_cpu(x, ()):
         return None
-    total = np.asarray(x).sum(axis=0, dtype=x.dtype)
+    total = host_view(x).sum(axis=0, dtype=x.dtype)
     if op is ReduceOp.MEAN:
         total = np.true_divide(total, x.shape[0]).astype(_mean_dtype(x.dtype, x.shape[0]))
     if replicas.first_device == jax.local_devices()[0]:
@@ -228,12 +228,14 @@ def gather_value(replicas: Replicas, value: Any, axis: int) -> Any:
         return jnp.concatenate(rows, axis=_axis(axis, rows[0].ndim, "the per-replica values"))
     if x is not None:
         ax = _axis(axis, x.ndim - 1, "the per-replica values")
+        shape = list(x.shape[1:])
+        shape[ax] *= x.shape[0]
+        if x.size == 0 and not is_traced(value):  # zero rows (a replica with no examples)
+            return jax.device_put(np.zeros(shape, x.dtype), replicas.first_device)
         if replicas.multi_process and not is_traced(value):
             x = _global(replicas, value, "gather")
         elif not is_traced(value):
             x = jax.device_put(x, replicas.first_device)
-        shape = list(x.shape[1:])
-        shape[ax] *= x.shape[0]
         out = jnp.moveaxis(x, 0, ax).reshape(shape)
         if replicas.multi_process and is_traced(value):  # readable on every worker, as TF's
             out = jax.lax.with_sharding_constraint(out, replicas.replicated)

@@ -48,12 +48,34 @@ def _all_reduce(cdo: Any, n: int, payloads: list, invariant: dict) -> list:
 
     def combine(*leaves: Any) -> Any:
         column = [as_array(x) for x in leaves]
+        _same_shapes("all_reduce", column)
         fn = accumulation_for(cdo, column[0])
         total = fn(column) if fn is not None else sum(column[1:], column[0])
         return finish(op, total, n)
 
+    _same_structures("all_reduce", [p[1] for p in payloads])
     out = jax.tree.map(combine, *[p[1] for p in payloads])
     return [jax.tree.map(lambda x: x * 1, out) for _ in range(n)]  # one object per replica
+
+
+def _same_shapes(what: str, column: list) -> None:
+    for i, x in enumerate(column):
+        if (x.shape, x.dtype) != (column[0].shape, column[0].dtype):
+            raise ValueError(
+                f"ReplicaContext.{what} needs the same shape and dtype on every replica (TF "
+                f"fails on a shape mismatch too); replica 0 gave {column[0].dtype}"
+                f"{list(column[0].shape)} and replica {i} gave {x.dtype}{list(x.shape)}."
+            )
+
+
+def _same_structures(what: str, values: list) -> None:
+    trees: list[Any] = [jax.tree.structure(v) for v in values]
+    for i, t in enumerate(trees):
+        if t != trees[0]:
+            raise ValueError(
+                f"ReplicaContext.{what} needs the same structure on every replica; replica 0 "
+                f"gave {trees[0]} and replica {i} gave {t}."
+            )
 
 
 def _all_gather(cdo: Any, n: int, payloads: list, invariant: dict) -> list:
@@ -63,6 +85,7 @@ def _all_gather(cdo: Any, n: int, payloads: list, invariant: dict) -> list:
         rows = [gather_leaf(x, axis, lambda v: v) for x in column]
         return rows[0] if rows[0].ndim == 0 else jnp.concatenate(rows, axis=axis)
 
+    _same_structures("all_gather", [p[0] for p in payloads])
     out = jax.tree.map(combine, *[p[0] for p in payloads])
     return [jax.tree.map(lambda x: x * 1, out) for _ in range(n)]
 

@@ -103,7 +103,13 @@ def compiled_collectives(strategy: Any, cdo: Any, num_replicas: int) -> tuple:
         return jax.tree.map(one, value)
 
     def all_gather(value: Any, axis: int) -> Any:
-        gather = lambda x: lax.all_gather(x, AXIS, axis=axis, tiled=True)  # noqa: E731
+        def gather(x: Any) -> Any:
+            if x.size == 0:  # XLA rejects a zero-size all-gather; the result is empty too
+                shape = list(x.shape)
+                shape[axis % max(x.ndim, 1)] *= num_replicas
+                return jnp.zeros(shape, x.dtype)
+            return lax.all_gather(x, AXIS, axis=axis, tiled=True)
+
         return jax.tree.map(lambda x: gather_leaf(x, axis, gather, num_replicas == 1), value)
 
     def merge_call(merge_fn: Callable, args: tuple, kwargs: dict) -> Any:
@@ -111,7 +117,8 @@ def compiled_collectives(strategy: Any, cdo: Any, num_replicas: int) -> tuple:
             return from_stacked(lax.all_gather(x, AXIS)) if isinstance(x, jax.Array) else x
 
         gargs, gkwargs = jax.tree.map(gather, (args, kwargs))
-        with _context.enter(_context.merge_state(strategy)):
+        outer = _context.current().replica_context
+        with _context.enter(_context.merge_state(strategy, outer)):
             result = merge_fn(strategy, *gargs, **gkwargs)
         index = lax.axis_index(AXIS)
 
@@ -155,6 +162,27 @@ class ReplicaContext:
     def __init__(self, strategy: Any, replica_id_in_sync_group: Any = 0) -> None:
         self._strategy = strategy
         self._collectives = default_collectives(strategy, replica_id_in_sync_group)
+        self._standalone = True  # built by hand: not the context of any run
+        self._default = False
+
+    def _require_current(self, what: str) -> None:
+        """TF's `require_replica_context`: collectives only from the current context.
+
+        A context kept past the `Strategy.run` that made it, or built by hand with
+        the constructor, is not the current one (TF raises the same way).
+        """
+        state = _context.current()
+        if state.replica_context is self and state.mode is _context.Mode.REPLICA:
+            return
+        if self._default and state.mode is _context.Mode.DEFAULT:
+            return
+        kind = "built with ReplicaContext(...)" if self._standalone else "kept after its run"
+        raise RuntimeError(
+            f"ReplicaContext.{what} was called on a replica context that is not the current "
+            f"one ({kind}). A ReplicaContext works only inside the strategy.run (or "
+            "call_for_each_replica) step that it belongs to: call "
+            "jaxdist.get_replica_context() inside the step function and use that."
+        )
 
     @property
     def strategy(self) -> Any:
@@ -169,6 +197,8 @@ class ReplicaContext:
     @property
     def replica_id_in_sync_group(self) -> Any:
         """This replica's id in ``[0, num_replicas_in_sync)``: a traced int32 inside `run`."""
+        if not self._standalone:
+            self._require_current("replica_id_in_sync_group")
         return self._collectives.replica_id()
 
     @property
@@ -201,6 +231,7 @@ class ReplicaContext:
         """
         op = parse_reduce_op(reduce_op)
         check_communication_options(options)
+        self._require_current("all_reduce")
         if any(is_distributed(x) for x in jax.tree.leaves(value, is_leaf=is_distributed)):
             raise TypeError(
                 "all_reduce takes plain arrays inside strategy.run; got a distributed value. "
@@ -226,6 +257,7 @@ class ReplicaContext:
         if axis < 0:
             raise ValueError(f"all_gather needs axis >= 0 (as in TF); got {axis}.")
         check_communication_options(options)
+        self._require_current("all_gather")
         return self._collectives.all_gather(value, axis)
 
     def merge_call(self, merge_fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -243,6 +275,7 @@ class ReplicaContext:
             kwargs: keyword arguments (a dict).
         """
         check_fn_args(merge_fn, args, kwargs, "merge_fn")
+        self._require_current("merge_call")
         return self._collectives.merge_call(merge_fn, tuple(args), dict(kwargs or {}))
 
     def __repr__(self) -> str:
@@ -254,4 +287,40 @@ def make_replica_context(strategy: Any, collectives: Collectives) -> ReplicaCont
     ctx = object.__new__(ReplicaContext)
     ctx._strategy = strategy
     ctx._collectives = collectives
+    ctx._standalone = False
+    ctx._default = False
+    return ctx
+
+
+def call_in_merge(strategy: Any, ctx: ReplicaContext, fn: Callable, args: Any, kwargs: Any) -> Any:
+    """``extended.call_for_each_replica`` inside the ``merge_fn`` of a compiled step.
+
+    ``merge_fn`` runs in every replica's trace (identically), so each replica
+    calls ``fn`` on its own components of ``args``, in replica context (its
+    collectives work); the results come back as `PerReplica` values holding
+    every replica's result, as TF's do. An exception of ``fn`` reaches the
+    caller as it is.
+    """
+    check_fn_args(fn, args, kwargs)
+    index = ctx._collectives.replica_id()
+
+    def own(x: Any) -> Any:
+        return lax.dynamic_index_in_dim(stack(x), index, keepdims=False) if is_distributed(x) else x
+
+    own_args, own_kwargs = jax.tree.map(
+        own, (tuple(args), dict(kwargs or {})), is_leaf=is_distributed
+    )
+    with _context.enter(_context.replica_again_state(strategy, ctx)):
+        out = fn(*own_args, **own_kwargs)
+
+    def gather(x: Any) -> Any:
+        return from_stacked(lax.all_gather(x, AXIS)) if isinstance(x, jax.Array) else x
+
+    return jax.tree.map(gather, out)
+
+
+def default_replica_context(strategy: Any) -> ReplicaContext:
+    """The default strategy's replica context: current whenever no strategy is."""
+    ctx = ReplicaContext(strategy, 0)
+    ctx._default = True
     return ctx

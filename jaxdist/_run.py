@@ -34,7 +34,7 @@ from jaxdist._layout import is_tracer, shard_rows
 from jaxdist._replica_context import compiled_collectives, make_replica_context
 from jaxdist._stage import Staged, example
 from jaxdist._validate import describe, hashable_arg, is_number
-from jaxdist._values import from_stacked, is_distributed, num_components
+from jaxdist._values import check_components, from_stacked, is_distributed
 from jaxdist._values import stack as stack_value
 
 MAPPED, BROADCAST, STATIC = "m", "b", "s"
@@ -76,12 +76,7 @@ def _plain(leaf: Any, index: int, replicas: Replicas) -> Any:
 
 def _mapped(leaf: Any, replicas: Replicas, index: int) -> Any:
     """A distributed argument as an array stacked on the replicas, or None when ragged."""
-    n = num_components(leaf)
-    if n != replicas.num and not (replicas.multi_process and n == len(replicas.local)):
-        raise ValueError(
-            f"argument leaf {index} is a {type(leaf).__name__} with {n} components, but the "
-            f"strategy has {replicas.num} replicas."
-        )
+    check_components(leaf, replicas, f"strategy.run (argument leaf {index})")
     x = stack_value(leaf, replicas)
     if x is None or is_tracer(x) or x.sharding is replicas.sharding:
         return x

@@ -20,6 +20,7 @@ from jaxdist._reduce_op import ReduceOp, parse_reduce_op
 from jaxdist._validate import check_axis, check_callable, check_fn_args, check_optional
 from jaxdist._values import (
     ValueContext,
+    check_components,
     combine_parts,
     is_distributed,
     regroup,
@@ -134,6 +135,7 @@ class Strategy:
         op = parse_reduce_op(reduce_op)
         check_axis(axis, "axis", allow_none=True)
         replicas, cdo = self._extended.replicas, self._extended.cross_device_ops
+        check_components(value, replicas, "strategy.reduce")
 
         def one(v: Any) -> Any:
             return _reduce.released(_reduce.reduce_value(replicas, cdo, op, v, axis), replicas)
@@ -153,6 +155,7 @@ class Strategy:
         _context.require_cross_replica(self, "strategy.gather")
         check_axis(axis, "axis")
         replicas = self._extended.replicas
+        check_components(value, replicas, "strategy.gather")
 
         def one(v: Any) -> Any:
             return _reduce.released(_reduce.gather_value(replicas, v, axis), replicas)
@@ -170,6 +173,7 @@ class Strategy:
         >>> s.experimental_local_results(3), s.experimental_local_results({"a": 1.0})
         ((3,), ({'a': 1.0}, {'a': 1.0}))
         """
+        check_components(value, self._extended.replicas, "experimental_local_results")
         return _reduce.local_results(value, len(self._extended.replicas.local))
 
     def experimental_distribute_values_from_function(

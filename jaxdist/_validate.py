@@ -70,6 +70,12 @@ def check_fn_args(fn: Any, args: Any, kwargs: Any, fn_name: str = "fn") -> None:
         )
     if kwargs is not None and not isinstance(kwargs, dict):
         raise TypeError(f"kwargs must be a dict or None; got {type(kwargs).__name__}.")
+    for key in kwargs or {}:
+        if not isinstance(key, str):
+            raise TypeError(
+                f"kwargs must map argument names (str) to values; got the key "
+                f"{type(key).__name__} {key!r}."
+            )
 
 
 def check_instance(value: Any, types: type | tuple, name: str, expected: str) -> None:

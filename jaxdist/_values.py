@@ -38,6 +38,7 @@ from jaxdist import _inflight
 from jaxdist._devices import AXIS, Replicas
 from jaxdist._layout import (
     as_array,
+    check_stacked,
     is_array,
     is_tracer,
     only_lengths_differ,
@@ -84,6 +85,7 @@ class DistributedValues:
             )
         if len(values) == 0:
             raise ValueError(f"{type(self).__name__}(values) needs at least one value; got ().")
+        _check_components(type(self).__name__, values)
         stacked = stack_placed(values)
         object.__setattr__(self, "_layout", _PARTS if stacked is None else _STACKED)
         object.__setattr__(self, "_data", tuple(values) if stacked is None else stacked)
@@ -98,7 +100,23 @@ class DistributedValues:
         >>> import jax.numpy as jnp, jaxdist as jd
         >>> [float(x) for x in jd.PerReplica.from_stacked(jnp.arange(2.0)).values]
         [0.0, 1.0]
+
+        Raises:
+            TypeError: ``array`` is not an array (a `jax.Array`, tracer or NumPy array).
+            ValueError: ``array`` has no leading (replica) axis: it is a scalar.
         """
+        if not isinstance(array, (jax.Array, np.ndarray)):
+            raise TypeError(
+                f"{cls.__name__}.from_stacked(array) takes an array whose leading axis is the "
+                f"replica axis (row i is replica i's value); got {type(array).__name__}. "
+                f"Convert it first (jnp.asarray), or build {cls.__name__}((v0, v1, ...)) from "
+                "one value per replica."
+            )
+        if np.ndim(array) == 0:
+            raise ValueError(
+                f"{cls.__name__}.from_stacked(array) needs a leading replica axis (one row per "
+                f"replica, as many rows as the strategy has replicas); got a scalar of shape ()."
+            )
         return _make(cls, _STACKED, array)
 
     @property
@@ -117,6 +135,30 @@ class DistributedValues:
             return f"{type(self).__name__}({self._layout}={self._data!r})"
         body = ",\n".join(f"  {i}: {v!r}" for i, v in enumerate(values))
         return f"{type(self).__name__}:{{\n{body}\n}}"
+
+
+def _check_components(cls: str, values: Sequence[Any]) -> None:
+    """The components of a hand-built value: one array (or number) each, one dtype."""
+    for i, v in enumerate(values):
+        if isinstance(v, DistributedValues):
+            raise TypeError(
+                f"{cls}(values) takes one plain value per replica; component {i} is itself a "
+                f"{type(v).__name__}. Pass its components (v.values) instead."
+            )
+        leaves = jax.tree.leaves(v)
+        if len(leaves) != 1 or leaves[0] is not v:
+            raise TypeError(
+                f"{cls}(values) takes one array per replica; component {i} is a "
+                f"{type(v).__name__} (a nested structure). Build one {cls} per leaf, e.g. "
+                f"jax.tree.map(lambda *xs: jaxdist.{cls}(xs), *values)."
+            )
+    kinds = [getattr(v, "dtype", type(v).__name__) for v in values]
+    for i, k in enumerate(kinds):
+        if k != kinds[0]:
+            raise TypeError(
+                f"{cls}(values) needs one dtype for every replica's value; component 0 is "
+                f"{kinds[0]} and component {i} is {k}. Cast them to one dtype first."
+            )
 
 
 def _distributed_error(name: str) -> Callable:
@@ -324,9 +366,34 @@ def parts(v: DistributedValues) -> tuple | None:
     return v._data if v._layout == _PARTS else None
 
 
+def check_components(value: Any, replicas: Replicas, what: str) -> None:
+    """One rule for every method: a distributed value has one component per replica.
+
+    (A multi-process value may hold this process's replicas only.) TF has no one
+    rule: its ``reduce`` sums whatever components there are, its ``gather`` and
+    ``run`` fail with an ``IndexError``.
+
+    Raises:
+        ValueError: a distributed leaf of ``value`` has another number of components.
+    """
+    for i, leaf in enumerate(jax.tree.leaves(value, is_leaf=is_distributed)):
+        if not is_distributed(leaf):
+            continue
+        n = num_components(leaf)
+        if n != replicas.num and not (replicas.multi_process and n == len(replicas.local)):
+            where = "" if is_distributed(value) else f" (leaf {i})"
+            raise ValueError(
+                f"{what}: the {type(leaf).__name__}{where} has {n} components, but the strategy "
+                f"has {replicas.num} replicas. A distributed value belongs to a strategy with "
+                "as many replicas as it has components (values made by another strategy, or "
+                "by hand with the wrong count, are not accepted)."
+            )
+
+
 def num_components(v: DistributedValues) -> int:
     if v._layout == _PARTS:
         return len(v._data)
+    check_stacked(v._data)
     shape = getattr(v._data, "shape", None)
     return int(shape[0]) if shape is not None else int(np.shape(v._data)[0])
 
