@@ -154,22 +154,45 @@ ABORT_KEY = "jaxdist/abort"
 ACK_WAIT_S = 5.0
 
 
-def _abort_cluster(client: Any, names: list, pid: int, message: str) -> None:
-    """This task found the cluster stuck: it tells every task (each prints the reason and
-    exits 75), then exits. The coordinator leaves last: a task whose coordinator is gone
-    is aborted by jaxlib without a word."""
-    _state["aborting"] = True
-    me = f"{names[pid]} (JAX process {pid})"
-    sys.stderr.write(f"jaxdist: task {me}: {message}\n")
+_EXIT_LOCK = threading.Lock()
+
+
+def _claim_exit() -> None:
+    """Makes this thread the one that reports and ends the process; any other thread that
+    gets here later waits for that (one report per task, the last line it prints)."""
+    with _EXIT_LOCK:
+        first = not _state.get("aborting")
+        _state["aborting"] = True
+    if not first:
+        time.sleep(ACK_WAIT_S + 2)
+        os._exit(EXIT_CODE)
+
+
+def _say(names: list, pid: int, message: str) -> None:
+    """Prints jaxdist's line about the cluster (kept, to repeat it as the last line)."""
+    line = f"jaxdist: task {names[pid]} (JAX process {pid}): {message}\n"
+    _state["said"] = line
+    sys.stderr.write(line)
     sys.stderr.flush()
+
+
+def _abort_cluster(client: Any, names: list, pid: int, message: str, code: int = EXIT_CODE) -> None:
+    """This task found the cluster stuck (or failed): it tells every task (each prints the
+    reason and exits 75), then exits with ``code``. The coordinator leaves last: a task
+    whose coordinator is gone is aborted by jaxlib without a word."""
+    _claim_exit()
+    _say(names, pid, message)
     try:
-        client.key_value_set(ABORT_KEY, f"task {names[pid]} reported: {message}")
+        own = message.startswith(f"task {names[pid]} ")  # already names this task
+        client.key_value_set(
+            ABORT_KEY, message if own else f"task {names[pid]} reported: {message}"
+        )
     except Exception:  # noqa: BLE001 - another task reported first
         pass
-    _leave(client, names, pid)
+    _leave(client, names, pid, code)
 
 
-def _leave(client: Any, names: list, pid: int) -> None:
+def _leave(client: Any, names: list, pid: int, code: int = EXIT_CODE) -> None:
     try:
         client.key_value_set(f"{ABORT_KEY}/ack/{pid}", "1")
     except Exception:  # noqa: BLE001
@@ -183,7 +206,7 @@ def _leave(client: Any, names: list, pid: int) -> None:
             break
         others = [i for i in others if i in live and not _has_key(client, f"{ABORT_KEY}/ack/{i}")]
         time.sleep(0.05)
-    os._exit(EXIT_CODE)
+    os._exit(code)
 
 
 def _has_key(client: Any, key: str) -> bool:
@@ -202,9 +225,8 @@ def _check_abort(client: Any, names: list, pid: int) -> None:
         reason = client.key_value_try_get(ABORT_KEY)
     except Exception:  # noqa: BLE001 - NOT_FOUND: nothing reported
         return
-    _state["aborting"] = True
-    sys.stderr.write(f"jaxdist: task {names[pid]} (JAX process {pid}): {reason}\n")
-    sys.stderr.flush()
+    _claim_exit()
+    _say(names, pid, reason)
     _leave(client, names, pid)
 
 
@@ -224,7 +246,21 @@ def _monitor(client: Any, names: list, pid: int, timeout: float, stop: threading
                 f"{str(e)[:160]}); the cluster is broken, aborting",
             )
         dead = [names[i] for i in ids if i not in live]
+        if dead and _state.get("finishing") and stop.wait(2 * POLL_S):
+            return  # the other tasks' exit after the shutdown barrier, not a death
         if dead and not stop.is_set():
+            _check_abort(client, names, pid)  # a fault another task reported comes first
+            left = [n for n in _finished(client, names) if n in dead]
+            if left:
+                ended = ", ".join(f"task {n} finished its program" for n in left)
+                _abort_cluster(
+                    client,
+                    names,
+                    pid,
+                    f"{ended} and left while this task still runs its program: a task that "
+                    "ended joins no further step (did the workers run different numbers of "
+                    "steps?); aborting",
+                )
             _abort_cluster(
                 client,
                 names,
@@ -234,16 +270,30 @@ def _monitor(client: Any, names: list, pid: int, timeout: float, stop: threading
             )
 
 
+FINISHED_KEY = "jaxdist/finished"
+
+
+def _finished(client: Any, names: list) -> list[str]:
+    """The tasks that reached the end of their program (see `_shutdown`)."""
+    return [n for i, n in enumerate(names) if _has_key(client, f"{FINISHED_KEY}/{i}")]
+
+
 def _shutdown(client: Any, names: list, pid: int, timeout: float, stop: threading.Event):
-    stop.set()
+    """At exit: the tasks meet at a barrier; the liveness monitor keeps watching until every
+    task is there (it ends this task if another one reports a fault meanwhile)."""
+    _state["finishing"] = True
+    try:
+        client.key_value_set(f"{FINISHED_KEY}/{pid}", "1")
+    except Exception:  # noqa: BLE001 - the coordinator is gone: the barrier says so
+        pass
     try:
         client.wait_at_barrier("jaxdist_shutdown", int(timeout * 1000))
     except Exception as e:  # noqa: BLE001
-        _die(
-            f"{names[pid]} (JAX process {pid})",
-            "not every task reached the end of the "
-            f"program within {timeout:g}s ({str(e)[:200]}); a worker died or hangs",
-        )
+        if not _state.get("aborting"):
+            _abort_cluster(client, names, pid, _laggards(client, names, pid, timeout, e))
+        time.sleep(ACK_WAIT_S + 2)  # the monitor reported and ends the process
+        os._exit(EXIT_CODE)
+    stop.set()
     if pid == 0:  # the coordinator's service must outlive the other tasks' disconnects
         deadline = time.monotonic() + min(timeout, 10.0)
         while time.monotonic() < deadline:
@@ -257,6 +307,74 @@ def _shutdown(client: Any, names: list, pid: int, timeout: float, stop: threadin
         jax.distributed.shutdown()
     except Exception:  # noqa: BLE001 - the process is exiting anyway
         pass
+
+
+def _laggards(client: Any, names: list, pid: int, timeout: float, error: Exception) -> str:
+    try:
+        live = set(client.get_live_nodes(list(range(len(names)))))
+    except Exception:  # noqa: BLE001
+        live = set(range(len(names)))
+    done = set(_finished(client, names))
+    dead = [n for i, n in enumerate(names) if i not in live]
+    waiting = [n for i, n in enumerate(names) if i in live and n not in done]
+    if dead:
+        return f"task(s) {dead} died before the end of the program; aborting"
+    return (
+        f"task {names[pid]} finished its program, but task(s) {waiting} did not reach its end "
+        f"within {timeout:g}s (CommunicationOptions.timeout_seconds): they wait for a step "
+        "this task never ran (did the workers run different numbers of steps?); aborting "
+        f"({type(error).__name__})"
+    )
+
+
+def _stalled(client: Any, names: list, pid: int, message: str) -> None:
+    """The in-flight watchdog's report, naming the tasks that already ended their program."""
+    done = [n for n in _finished(client, names) if n != names[pid]]
+    if done:
+        ended = ", ".join(f"task {n} finished its program" for n in done)
+        message = f"{ended} while {message}"
+    _abort_cluster(client, names, pid, message)
+
+
+def _on_uncaught(client: Any, names: list, pid: int, timeout: float, error: BaseException):
+    """An uncaught exception ends every task, naming this one and its exception.
+
+    A runtime error of a collective (a peer closed the connection) is usually the effect of
+    another task's fault: the reason that task reported (or the liveness monitor's) is
+    awaited for up to ``timeout`` + 2 s and printed instead.
+    """
+    if isinstance(error, jax.errors.JaxRuntimeError):
+        deadline = time.monotonic() + timeout + 2
+        while time.monotonic() < deadline and not _state.get("aborting"):
+            _check_abort(client, names, pid)
+            time.sleep(POLL_S / 5)
+    if _state.get("aborting"):  # reported (by the monitor): its line stays the last one
+        said = _state.get("said")
+        if said:
+            sys.stderr.write(said)
+            sys.stderr.flush()
+        time.sleep(ACK_WAIT_S + 2)  # the reporting thread ends the process
+        os._exit(EXIT_CODE)
+    text = str(error).strip().splitlines()
+    first = text[0] if text else ""
+    _abort_cluster(
+        client,
+        names,
+        pid,
+        f"task {names[pid]} failed with {type(error).__name__}: {first}; ending every worker",
+        code=1,
+    )
+
+
+def _install_excepthook(client: Any, names: list, pid: int, timeout: float) -> None:
+    previous = sys.excepthook
+
+    def hook(etype: type, error: BaseException, tb: Any) -> None:
+        previous(etype, error, tb)
+        if not isinstance(error, KeyboardInterrupt):
+            _on_uncaught(client, names, pid, timeout, error)
+
+    sys.excepthook = hook
 
 
 def join(resolver: Any, timeout_seconds: float | None) -> tuple[str, int, int]:
@@ -280,6 +398,7 @@ def join(resolver: Any, timeout_seconds: float | None) -> tuple[str, int, int]:
     _initialize_guarded(coordinator, n, pid, names, addresses, timeout)
     _start_liveness_monitor(names, pid, timeout)
     _state["joined"] = (names[pid], n, pid)
+    _state["names"] = names
     return names[pid], n, pid
 
 
@@ -345,7 +464,8 @@ def _start_liveness_monitor(names: list[str], pid: int, timeout: float) -> None:
         daemon=True,
     ).start()
     atexit.register(_shutdown, client, names, pid, timeout, stop)  # runs before jax's own
-    _state["abort"] = lambda message: _abort_cluster(client, names, pid, message)
+    _install_excepthook(client, names, pid, timeout)
+    _state["abort"] = lambda message: _stalled(client, names, pid, message)
 
 
 def join_cluster(
@@ -362,4 +482,22 @@ def join_cluster(
     _, _, pid = join(resolver, timeout)
     _inflight.watch(float(timeout or DEFAULT_TIMEOUT_S), _state["abort"])
     devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    _check_same_device_counts(devices)
     return tuple(devices), pid == 0
+
+
+def _check_same_device_counts(devices: list) -> None:
+    """Every worker must bring as many devices (TF: the same devices per worker); else
+    jax's own check fails at the first step with a bare AssertionError."""
+    counts = [0] * jax.process_count()
+    for d in devices:
+        counts[d.process_index] += 1
+    if len(set(counts)) > 1:
+        names = _state["names"]
+        each = ", ".join(f"{names[i]} has {n}" for i, n in enumerate(counts))
+        raise ValueError(
+            "MultiWorkerMirroredStrategy: every worker must have the same number of devices "
+            f"(each worker's replicas are its local devices); {each}. Give every worker the "
+            "same devices (e.g. the same --xla_force_host_platform_device_count, or "
+            "jax.config.update('jax_num_cpu_devices', n) before the strategy is created)."
+        )

@@ -247,9 +247,15 @@ class StrategyExtended:
         [0, 10]
         """
         state = _context.current()
-        if state.mode is _context.Mode.MERGE and state.merge_from is not None:
-            if state.strategy is self._strategy:
-                return call_in_merge(self._strategy, state.merge_from, fn, args, kwargs)
+        if state.mode is _context.Mode.MERGE and state.strategy is self._strategy:
+            if state.merge_from is None:
+                raise RuntimeError(
+                    "extended.call_for_each_replica inside a merge_fn works in full-batch steps; "
+                    "this merge_fn runs in a partial-batch step (replicas with different batch "
+                    "sizes), where merge_fn runs once outside the replicas' traces. Return the "
+                    "values from merge_fn and compute per replica after merge_call instead."
+                )
+            return call_in_merge(self._strategy, state.merge_from, fn, args, kwargs)
         return self._strategy.run(fn, args, kwargs)
 
     def __repr__(self) -> str:

@@ -214,7 +214,71 @@ def scale(s, jd, timeout):
     }
 
 
-SCENARIOS = {"ragged": ragged, "tutorial": tutorial, "stall": stall, "scale": scale}
+def _sum_step(jd):
+    import jax.numpy as jnp
+
+    return lambda x: jd.get_replica_context().all_reduce("SUM", jnp.sum(x))
+
+
+def input_raises(s, jd, timeout):
+    """Worker 1's input raises at its 4th batch; worker 0 goes on to the next step."""
+
+    class Batches:
+        def __iter__(self):
+            for i in range(8):
+                if i == 3 and s.cluster_resolver.task_id == 1:
+                    raise ValueError("bad record at batch 3 of worker 1's input")
+                yield np.ones((s.num_replicas_in_sync * 2, 4), np.float32)
+
+    total = 0.0
+    for x in s.experimental_distribute_dataset(Batches()):
+        total += float(s.reduce("SUM", s.run(_sum_step(jd), args=(x,)), axis=None))
+    return {"total": total}
+
+
+def fewer_steps(s, jd, timeout):
+    """Worker 1 runs one step fewer than worker 0, then ends its program normally."""
+    x = np.ones((s.num_replicas_in_sync * 2, 4), np.float32)
+    (batch,) = list(s.experimental_distribute_dataset([x]))
+    steps = 4 if s.cluster_resolver.task_id == 1 else 5
+    for _ in range(steps):
+        s.reduce("SUM", s.run(_sum_step(jd), args=(batch,)), axis=None).block_until_ready()
+    return {"steps": steps}
+
+
+def no_fetch(s, jd, timeout):
+    """experimental_fetch_to_device=False: where each worker's per-replica values live."""
+    options = jd.InputOptions(experimental_fetch_to_device=False)
+    r = s.num_replicas_in_sync
+
+    def where(v):
+        return [
+            type(x).__name__
+            if not hasattr(x, "devices")
+            else str(sorted(d.id for d in x.devices()))
+            for x in s.experimental_local_results(v)
+        ]
+
+    a = next(iter(s.experimental_distribute_dataset([np.arange(2.0 * r)], options)))
+    b = next(iter(s.distribute_datasets_from_function(lambda c: [np.arange(2.0)], options)))
+    out = s.run(lambda v: v * 2, args=(a,))
+    return {
+        "dataset": where(a),
+        "dsfn": where(b),
+        "run": [x.tolist() for x in s.experimental_local_results(out)],
+        "sum": float(s.reduce("SUM", out, axis=0)),
+    }
+
+
+SCENARIOS = {
+    "no_fetch": no_fetch,
+    "ragged": ragged,
+    "tutorial": tutorial,
+    "stall": stall,
+    "scale": scale,
+    "input_raises": input_raises,
+    "fewer_steps": fewer_steps,
+}
 
 
 def main() -> None:

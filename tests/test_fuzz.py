@@ -133,6 +133,12 @@ CLEAR = [
     ("per_replica_batch_size_str",
      lambda: jd.InputContext(1, 0, 8).get_per_replica_batch_size("8"),
      TypeError, "global_batch_size must be a number"),
+    ("call_for_each_replica_in_partial_batch_merge_fn",
+     lambda: S2.run(
+         lambda x: rc().merge_call(lambda st: st.extended.call_for_each_replica(lambda: 1)),
+         args=(next(iter(S2.experimental_distribute_dataset([np.arange(3.0)]))),),
+     ),
+     RuntimeError, "works in full-batch steps; this merge_fn runs in a partial-batch step"),
     ("step_count_not_a_function", lambda: jd.experimental.step_count(3),
      TypeError, "step_count(fn) takes the function given to strategy.run"),
 ]  # fmt: skip
