@@ -65,11 +65,7 @@ def _plain(leaf: Any, index: int, replicas: Replicas) -> Any:
     `PerReplica` and the plain arrays `run` returns for one replica share a step)."""
     if not is_distributed(leaf):
         return leaf
-    if num_components(leaf) != 1:
-        raise ValueError(
-            f"argument leaf {index} is a {type(leaf).__name__} with {num_components(leaf)} "
-            "components, but the strategy has 1 replica."
-        )
+    check_components(leaf, replicas, f"strategy.run (argument leaf {index})")
     x = stack_value(leaf, replicas)
     return x.reshape(x.shape[1:])
 
