@@ -146,6 +146,8 @@ def _check_components(cls: str, values: Sequence[Any]) -> None:
                 f"{type(v).__name__}. Pass its components (v.values) instead."
             )
         leaves = jax.tree.leaves(v)
+        if v is None:
+            raise TypeError(f"{cls}(values) takes one array per replica; component {i} is None.")
         if len(leaves) != 1 or leaves[0] is not v:
             raise TypeError(
                 f"{cls}(values) takes one array per replica; component {i} is a "

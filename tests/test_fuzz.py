@@ -117,6 +117,8 @@ CLEAR = [
      TypeError, "takes one array per replica"),
     ("per_replica_mixed_dtypes", lambda: jd.PerReplica((jnp.ones(2), jnp.ones(2, jnp.int32))),
      TypeError, "component 0 is float32 and component 1 is int32"),
+    ("per_replica_of_none", lambda: jd.PerReplica((None, None)),
+     TypeError, "component 0 is None"),
     ("per_replica_nested", lambda: jd.PerReplica((jd.PerReplica((X, X)), X)),
      TypeError, "component 0 is itself a PerReplica"),
     ("all_reduce_of_different_shapes",
@@ -482,7 +484,20 @@ def _probe(target, name, call, args):
 SKIP = {"scope"}  # returns a context manager without entering it: nothing to probe
 
 
-TARGETS = ["strategy", "extended", "replica_context", "kept_replica_context", "iterator"]
+TARGETS = [
+    "strategy",
+    "extended",
+    "replica_context",
+    "kept_replica_context",
+    "iterator",
+    "dataset",
+    "reduction_to_one_device",
+    "nccl_all_reduce",
+    "input_context",
+    "per_replica",
+    "mirrored",
+    "default_strategy",
+]
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -496,6 +511,13 @@ def test_public_methods_never_leak_internal_errors(target):
         "replica_context": jd.ReplicaContext(s, 0),
         "kept_replica_context": kept[0],
         "iterator": iter(s.experimental_distribute_dataset([np.ones((4, 2))] * 3)),
+        "dataset": s.experimental_distribute_dataset([np.ones((4, 2))] * 3),
+        "reduction_to_one_device": jd.ReductionToOneDevice(),
+        "nccl_all_reduce": jd.NcclAllReduce(),
+        "input_context": jd.InputContext(1, 0, 2),
+        "per_replica": per_replica(s),
+        "mirrored": s.extended.broadcast_to(jnp.ones(3)),
+        "default_strategy": jd.get_strategy(),
     }
     probed = 0
     for name, call, takes_args in _public_members(obj[target]):
