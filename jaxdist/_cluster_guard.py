@@ -244,7 +244,7 @@ def _on_uncaught(client: Any, names: list, pid: int, timeout: float, error: Base
     another task's fault: the reason that task reported (or the liveness monitor's) is
     awaited for up to ``timeout`` + 2 s and printed instead.
     """
-    if isinstance(error, jax.errors.JaxRuntimeError):
+    if _from_a_peer(error):
         deadline = time.monotonic() + timeout + 2
         while time.monotonic() < deadline and not _state.get("aborting"):
             _check_abort(client, names, pid)
@@ -265,6 +265,16 @@ def _on_uncaught(client: Any, names: list, pid: int, timeout: float, error: Base
         f"task {names[pid]} failed with {type(error).__name__}: {first}; ending every worker",
         code=1,
     )
+
+
+PEER_ERROR_TEXT = ("gloo", "connection", "peer", "socket", "unavailable", "coordination")
+
+
+def _from_a_peer(error: BaseException) -> bool:
+    """Whether ``error`` is a collective's runtime error caused by another task (gloo's
+    "Connection closed by peer" and the like), not this task's own fault."""
+    text = str(error).lower()
+    return isinstance(error, jax.errors.JaxRuntimeError) and any(t in text for t in PEER_ERROR_TEXT)
 
 
 def _install_excepthook(client: Any, names: list, pid: int, timeout: float) -> None:
