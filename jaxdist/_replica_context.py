@@ -154,6 +154,19 @@ class ReplicaContext:
     >>> [float(x) for x in s.experimental_local_results(s.run(step))]
     [2.0, 2.0]
 
+    A context works only inside the step it belongs to: one kept after its `run`,
+    or built with this constructor, raises `RuntimeError` for its collectives
+    (``all_reduce``, ``all_gather``, ``merge_call``), as TF's do; a hand-built one
+    still answers the id it was given.
+
+    >>> kept = []
+    >>> _ = s.run(lambda: kept.append(jd.get_replica_context()))
+    >>> try:
+    ...     kept[0].all_reduce("SUM", jnp.float32(1.0))
+    ... except RuntimeError as e:
+    ...     print(str(e)[:74])
+    ReplicaContext.all_reduce was called on a replica context that is not the
+
     Args:
         strategy: the `Strategy` this context belongs to.
         replica_id_in_sync_group: the replica's id (an int, or a traced int32).
