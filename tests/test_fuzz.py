@@ -449,7 +449,8 @@ def _odd_arguments(s):
     wrong = jd.PerReplica((X,) * (s.num_replicas_in_sync + 1))
     zero = s.run(lambda x: x * 2, args=(jnp.zeros((0, 4)),))  # a replica with no examples
     mapped = jax.tree.map(lambda a: "x", per_replica(s))  # a tree.map that gave no arrays
-    odd = [(), (None,), ("x",)]
+    odd = [(), (None,), ("x",), (-1,), (object(),), ({"a": [1]},), (jnp.float32(1.0),)]
+    odd += [(float("nan"), None), ("MEAN", jnp.ones((2, 0)), 0), (lambda: 1, (1,), {"k": 1})]
     for v in (wrong, zero, mapped):
         odd += [(v,), (v, 0), (v, None), ("SUM", v), ("SUM", v, None), ("SUM", v, "/cpu:0")]
     return odd
