@@ -8,7 +8,8 @@
   text) reaches the user: `test_public_methods_never_leak_internal_errors` calls every
   public method of a strategy, its ``extended`` and a `ReplicaContext` with odd
   arguments, so a new method gets the same treatment without a new row;
-* hang: what once never returned returns at once (`test_endless_dataset_*`).
+* hang: what once never returned returns at once (`test_endless_dataset_*`), and every
+  probe of the sweep must return within `HANG_S` seconds.
 
 TF's answers for the same calls are in tests/tf_oracle/answers.json (``fuzz.*``, batch O,
 TensorFlow 2.21 with 4 logical CPU devices); where jaxdist's answer differs, notebook 03
@@ -17,6 +18,7 @@ lists the difference.
 
 import json
 import pathlib
+import signal
 import typing
 import warnings
 
@@ -468,7 +470,30 @@ def _public_members(obj):
             yield name, getattr(obj, name), True
 
 
+class _Hang(BaseException):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Hang
+
+
+HANG_S = 20  # a probe still running after this long is a hang (a bad call fails at once)
+
+
 def _probe(target, name, call, args):
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, HANG_S)
+    try:
+        _call(target, name, call, args)
+    except _Hang:
+        pytest.fail(f"{target}.{name}{args!r} did not return within {HANG_S}s (a hang)")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _call(target, name, call, args):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
