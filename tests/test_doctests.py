@@ -19,6 +19,7 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(jaxdist.__path__, "jaxdis
 NO_EXAMPLES = {
     "jaxdist._capture",
     "jaxdist._cluster_config",
+    "jaxdist._cluster_guard",  # needs a running cluster: tests/test_multi_worker.py
     "jaxdist._context",
     "jaxdist._devices",
     "jaxdist._distributed",
