@@ -1,379 +1,313 @@
-"""Tracing the replicas of a ragged step (a partial batch) inside one program, by replay.
+"""Tracing the replicas of a ragged step (a partial batch) inside one program.
 
 One SPMD program cannot give replicas arrays of different shapes, so a ragged
-step traces every replica's ``fn`` on its own true slice. Collectives need every
-replica's value, so they are resolved by replay, pass by pass: a pass traces the
-replicas until each reaches the first collective whose result is not known yet,
-records its input there, and the result is computed from all of them; the next
-pass feeds the known results and goes one collective further. A step with C
-collectives takes C + 1 passes; the repeated prefixes are the same computation
-and the compiler merges them.
+step traces ``fn`` on each replica's true slice. Replicas whose inputs have the
+same shapes form a group (a TF split has at most three sizes: full, remainder,
+empty) and are traced once: `trace_group` makes a jaxpr of one replica of the
+group, under an axis environment for the replica axis ``jd.AXIS``. There every
+collective is one of JAX's (`ReplicaContext.all_reduce` is ``lax.psum``, as in a
+full batch), so raw ``lax`` collectives over ``jd.AXIS`` (flax's
+``BatchNorm(axis_name=jd.AXIS)``) work, and at any depth of transformation:
+JAX's own rules differentiate them (the gradient of an all-reduce is the
+all-reduce of the cotangents, as TF), batch them under `jax.vmap`, and keep them
+inside nested ``jit`` / ``checkpoint`` / ``cond`` / ``scan`` jaxprs.
+`jaxdist._lockstep` then runs the groups' jaxprs side by side in the caller's
+trace, exchanging values at each collective.
 
-Replicas whose inputs have the same shapes form a group and are traced once,
-with `jax.vmap` over the group (a TF split has at most three sizes: full,
-remainder, empty), so the program grows with the number of groups, not of
-replicas. In a grouped pass the code after the pending collective still runs,
-on a stand-in value of the right shape (its results are unused and removed by
-the compiler). Should a step not trace that way, the replicas are traced one by
-one (`trace_replicas`), stopping each at the pending collective.
+Two collectives are not plain ``lax`` ones:
+
+* `ReplicaContext.all_gather` of values whose lengths differ between replicas:
+  each replica pads to the longest, ``lax.all_gather`` s and keeps every replica's
+  true rows. The lengths come from every group's trace, so a step whose gathers
+  have such lengths is traced again once they are known (a replay: one more
+  trace per round of newly learnt lengths);
+* `ReplicaContext.merge_call`: a primitive of its own (``merge_p``) whose
+  ``merge_fn`` runs once with every replica's arguments when the groups reach
+  it. It has no gradient rule (TF's merge_fn is arbitrary Python): inside
+  `jax.grad` / `jax.vmap` of a partial-batch step it is a clear error.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
+from jax.extend import core
+from jax.interpreters import ad, batching
 
-from jaxdist import _compile, _context
-from jaxdist._cross_device_ops import accumulation_for
-from jaxdist._layout import as_array, is_array, is_tracer
-from jaxdist._reduce_op import ReduceOp, finish
-from jaxdist._replica_context import Collectives, gather_leaf, make_replica_context
+from jaxdist import _compile, _context, _lockstep
+from jaxdist._devices import AXIS
+from jaxdist._layout import as_array, is_array
+from jaxdist._replica_context import (
+    Collectives,
+    compiled_collectives,
+    gather_leaf,
+    make_replica_context,
+)
 from jaxdist._values import from_parts, from_stacked, select
 
-MAX_COLLECTIVES = 10_000
+MAX_PASSES = 100
+
+# -- merge_call as a primitive -----------------------------------------------------------------
 
 
-class _Pause(BaseException):
-    """A replica reached a collective whose result is not known yet (not an error)."""
+@dataclasses.dataclass(frozen=True, eq=False)  # compared (and hashed) by identity
+class _MergeSpec:
+    """A `merge_call` site: ``merge_fn``, where its array arguments go, its result's shape."""
+
+    merge_fn: Callable
+    treedef: Any
+    leaves: tuple  # the non-array arguments, None where an array goes
+    out_tree: Any
+    out_leaves: tuple  # the non-array results, None where an array comes back
+    out_avals: tuple
 
 
-# -- combining the replicas' collective inputs ---------------------------------------------
+merge_p = core.Primitive(_lockstep.MERGE)
+merge_p.multiple_results = True
+merge_p.def_abstract_eval(lambda *avals, spec: list(spec.out_avals))
 
-
-def _all_reduce(cdo: Any, n: int, payloads: list, invariant: dict) -> list:
-    op: ReduceOp = payloads[0][0]
-
-    def combine(*leaves: Any) -> Any:
-        column = [as_array(x) for x in leaves]
-        _same_shapes("all_reduce", column)
-        fn = accumulation_for(cdo, column[0])
-        total = fn(column) if fn is not None else sum(column[1:], column[0])
-        return finish(op, total, n)
-
-    _same_structures("all_reduce", [p[1] for p in payloads])
-    out = jax.tree.map(combine, *[p[1] for p in payloads])
-    return [jax.tree.map(lambda x: x * 1, out) for _ in range(n)]  # one object per replica
-
-
-def _same_shapes(what: str, column: list) -> None:
-    for i, x in enumerate(column):
-        if (x.shape, x.dtype) != (column[0].shape, column[0].dtype):
-            raise ValueError(
-                f"ReplicaContext.{what} needs the same shape and dtype on every replica (TF "
-                f"fails on a shape mismatch too); replica 0 gave {column[0].dtype}"
-                f"{list(column[0].shape)} and replica {i} gave {x.dtype}{list(x.shape)}."
-            )
-
-
-def _same_structures(what: str, values: list) -> None:
-    trees: list[Any] = [jax.tree.structure(v) for v in values]
-    for i, t in enumerate(trees):
-        if t != trees[0]:
-            raise ValueError(
-                f"ReplicaContext.{what} needs the same structure on every replica; replica 0 "
-                f"gave {trees[0]} and replica {i} gave {t}."
-            )
-
-
-def _all_gather(cdo: Any, n: int, payloads: list, invariant: dict) -> list:
-    axis = payloads[0][1]
-
-    def combine(*column: Any) -> Any:
-        rows = [gather_leaf(x, axis, lambda v: v) for x in column]
-        return rows[0] if rows[0].ndim == 0 else jnp.concatenate(rows, axis=axis)
-
-    _same_structures("all_gather", [p[0] for p in payloads])
-    out = jax.tree.map(combine, *[p[0] for p in payloads])
-    return [jax.tree.map(lambda x: x * 1, out) for _ in range(n)]
-
-
-def _merge_call(strategy: Any, n: int, payloads: list, invariant: dict) -> list:
-    """``merge_fn`` once, on `PerReplica` arguments; its result goes to every replica."""
-    merge_fn = payloads[0][0]
-    flat = [jax.tree.flatten((p[1], p[2])) for p in payloads]
-    merged = [
-        from_parts(column) if isinstance(column[0], jax.Array) else column[0]
-        for column in zip(*[f[0] for f in flat])
-    ]
-    args, kwargs = jax.tree.unflatten(flat[0][1], merged)
-    with _context.enter(_context.merge_state(strategy)):
-        result = merge_fn(strategy, *args, **kwargs)
-    for leaf in jax.tree.leaves(result):
-        if is_tracer(leaf):
-            invariant[id(leaf)] = leaf
-    return [select(result, i) for i in range(n)]
-
-
-def combine(strategy: Any, cdo: Any, n: int, kind: str, payloads: list, invariant: dict) -> list:
-    """The result of collective ``kind`` for each replica, from each replica's input."""
-    if kind == "merge_call":
-        return _merge_call(strategy, n, payloads, invariant)
-    return (_all_reduce if kind == "all_reduce" else _all_gather)(cdo, n, payloads, invariant)
-
-
-def _stand_in(strategy: Any, n: int, kind: str, payload: tuple) -> Any:
-    """A value shaped like the pending collective's result (its code runs, unused)."""
-    if kind == "all_reduce":
-        op, value = payload
-        return jax.tree.map(lambda x: finish(op, as_array(x), n), value)
-    if kind == "all_gather":
-        value, axis = payload
-        return jax.tree.map(
-            lambda x: gather_leaf(x, axis, lambda v: jnp.concatenate([v] * n, axis=axis)), value
-        )
-    merge_fn, args, kwargs = payload
-    copies = jax.tree.map(
-        lambda x: from_stacked(jnp.stack([x] * n)) if isinstance(x, jax.Array) else x,
-        (args, kwargs),
-    )
-    with _context.enter(_context.merge_state(strategy)):
-        result = merge_fn(strategy, *copies[0], **copies[1])
-    return select(result, 0)
-
-
-NESTED = (
-    "In a partial-batch step, a ReplicaContext collective was given a value computed inside "
-    "a nested JAX transformation of the step ({what}: jax.grad/vjp, a lax loop or cond body, "
-    "jax.checkpoint or a custom_vjp). The replicas of a partial batch are traced one shape at "
-    "a time and their collectives combined between traces, which cannot reach inside those. "
-    "Call the collective on values computed in the step's own code (for example all_reduce "
-    "the gradients after jax.grad), or make every global batch divisible by "
-    "num_replicas_in_sync (a full batch has no such limit)."
+NESTED_MERGE = (
+    "In a partial-batch step, ReplicaContext.merge_call cannot be called inside {what}: "
+    "merge_fn is arbitrary Python run once for all replicas, with no gradient or batching "
+    "rule. Call merge_call in the step's own code (outside jax.grad/jvp/vmap), or make every "
+    "global batch divisible by num_replicas_in_sync (a full batch has no such limit)."
 )
 
 
-def check_not_nested(trace: Any, payload: Any) -> None:
-    """Raises `NESTED` when a collective's input is a tracer of a trace nested in the step's
-    trace ``trace`` (its value does not exist outside that trace)."""
-    now = _compile.current_trace()
-    if now is None or now is trace:
-        return
-    for x in jax.tree.leaves(payload):
-        if _compile.is_inner_tracer(x, now):
-            raise RuntimeError(NESTED.format(what=type(now).__name__))
+def _no_impl(*args: Any, spec: _MergeSpec) -> Any:
+    raise RuntimeError(NESTED_MERGE.format(what="this transformation"))
 
 
-def _mismatch(where: str, got: list) -> RuntimeError:
-    return RuntimeError(
-        "The replicas of a partial-batch step did not call the same collectives in the same "
-        f"order: at {where} they did {got}. Every replica must call the same ReplicaContext "
-        "collectives in the same order."
+def _no_jvp(primals: Any, tangents: Any, spec: _MergeSpec) -> Any:
+    raise RuntimeError(NESTED_MERGE.format(what="jax.grad / jvp / vjp"))
+
+
+def _no_batching(args: Any, dims: Any, spec: _MergeSpec) -> Any:
+    raise RuntimeError(NESTED_MERGE.format(what="jax.vmap"))
+
+
+merge_p.def_impl(_no_impl)
+ad.primitive_jvps[merge_p] = _no_jvp
+batching.primitive_batchers[merge_p] = _no_batching
+
+
+def _bind_merge(strategy: Any, n: int, merge_fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """Stage 1 of a merge_call: its result's shape from ``merge_fn`` on stand-ins (every
+    replica given this replica's arguments), and the primitive bound."""
+    leaves, treedef = jax.tree.flatten((args, kwargs))
+    arrays = [x for x in leaves if isinstance(x, jax.Array)]
+    statics = tuple(None if isinstance(x, jax.Array) else x for x in leaves)
+    info: dict = {}
+
+    def stand_in(*xs: Any) -> list:
+        it = iter(xs)
+        copies = [from_stacked(jnp.stack([next(it)] * n)) if s is None else s for s in statics]
+        a, k = jax.tree.unflatten(treedef, copies)
+        with _context.enter(_context.merge_state(strategy)):
+            result = select(merge_fn(strategy, *a, **k), 0)
+        out, info["tree"] = jax.tree.flatten(result)
+        info["leaves"] = tuple(None if isinstance(x, jax.Array) else x for x in out)
+        return [x for x in out if isinstance(x, jax.Array)]
+
+    shapes = jax.eval_shape(stand_in, *arrays)
+    avals = tuple(jax.core.ShapedArray(s.shape, s.dtype, weak_type=s.weak_type) for s in shapes)
+    spec = _MergeSpec(merge_fn, treedef, statics, info["tree"], info["leaves"], avals)
+    it = iter(merge_p.bind(*arrays, spec=spec))
+    return jax.tree.unflatten(
+        spec.out_tree, [next(it) if s is None else s for s in spec.out_leaves]
     )
 
 
-# -- one replica at a time ----------------------------------------------------------------
+def _run_merge(strategy: Any, n: int, groups: list[tuple], invariant: dict) -> Callable:
+    """The lockstep's merge handler: ``merge_fn`` once, with every replica's arguments as
+    `PerReplica` values; its result goes to every replica (a value that is not
+    per-replica as one value, as TF)."""
+
+    def merge(eqns: list, inputs: list) -> list:
+        spec: _MergeSpec = eqns[0].params["spec"]
+        per_replica: list = [None] * n
+        for values, members in zip(inputs, groups):
+            split = [_lockstep.rows(v, len(members)) for v in values]
+            for j, i in enumerate(members):
+                per_replica[i] = [s[j] for s in split]
+        it = iter([from_parts(list(column)) for column in zip(*per_replica)])
+        leaves = [next(it) if s is None else s for s in spec.leaves]
+        a, k = jax.tree.unflatten(spec.treedef, leaves)
+        with _context.enter(_context.merge_state(strategy)):
+            result = spec.merge_fn(strategy, *a, **k)
+        outs = [_array_leaves(select(result, i)) for i in range(n)]
+        return [_merge_outputs(outs, members, invariant) for members in groups]
+
+    return merge
 
 
-def trace_replicas(strategy: Any, cdo: Any, fn: Callable, inputs: list, devices: tuple) -> tuple:
-    """Traces ``fn`` on each replica's ``(args, kwargs)``; returns (outputs, invariant ids)."""
-    n = len(inputs)
-    known: list[tuple[str, list]] = []
-    invariant: dict[int, Any] = {}
-    trace = _compile.current_trace()
-    for _ in range(MAX_COLLECTIVES):
-        outs: list = [None] * n
-        pending: list = [None] * n
-        for i, (args, kwargs) in enumerate(inputs):
-            count = [0]
-
-            def call(
-                kind: str, *payload: Any, i: int = i, count: list = count, pending: list = pending
-            ) -> Any:
-                k, count[0] = count[0], count[0] + 1
-                if k < len(known):
-                    if known[k][0] != kind:
-                        raise _mismatch(f"collective {k}", [kind, known[k][0]])
-                    return known[k][1][i]
-                check_not_nested(trace, payload)
-                pending[i] = (kind, payload)
-                raise _Pause
-
-            ctx = make_replica_context(strategy, _collectives(call, lambda i=i: i, devices[i]))
-            try:
-                with _context.enter(_context.replica_state(strategy, ctx)), jax.disable_jit():
-                    outs[i] = fn(*args, **kwargs)
-            except _Pause:
-                pass
-        if all(p is None for p in pending):
-            return outs, invariant
-        kinds = [p[0] if p is not None else "returned" for p in pending]
-        if len(set(kinds)) != 1 or "returned" in kinds:
-            raise _mismatch(f"collective {len(known)}", kinds)
-        results = combine(strategy, cdo, n, kinds[0], [p[1] for p in pending], invariant)
-        known.append((kinds[0], results))
-    raise RuntimeError(f"A partial-batch step called more than {MAX_COLLECTIVES} collectives.")
+def _array_leaves(tree: Any) -> list:
+    return [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
 
 
-def _collectives(call: Callable, replica_id: Callable, device: Any) -> Collectives:
+def _merge_outputs(outs: list, members: tuple, invariant: dict) -> list:
+    """A group's merge results: one value where every replica got the same object."""
+    values = []
+    for column in zip(*outs):
+        if all(x is column[0] for x in column):
+            invariant[id(column[0])] = column[0]
+            values.append((column[0], False))
+        else:
+            values.append((jnp.stack([as_array(column[i]) for i in members]), True))
+    return values
+
+
+# -- stage 1: one jaxpr per group of same-shaped replicas ---------------------------------------
+
+
+class _Gathers:
+    """The lengths along the gathered axis of each `ReplicaContext.all_gather` (in call
+    order), learnt from every group's trace; ``guessed`` says a trace went on without them."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.sizes: dict[int, list] = {}
+        self.guessed: set[int] = set()
+
+    def gather(self, k: int, members: tuple, x: Any, axis: int) -> Any:
+        sizes = self.sizes.setdefault(k, [None] * self.n)
+        known = None not in sizes
+        for i in members:
+            sizes[i] = x.shape[axis]
+        if not known:
+            self.guessed.add(k)
+        if not known or len(set(sizes)) == 1:
+            return lax.all_gather(x, AXIS, axis=axis, tiled=True)
+        longest = max(sizes)
+        pad = [(0, 0)] * x.ndim
+        pad[axis] = (0, longest - x.shape[axis])
+        rows = lax.all_gather(jnp.pad(x, pad), AXIS)
+        return jnp.concatenate(
+            [lax.slice_in_dim(rows[i], 0, s, axis=axis) for i, s in enumerate(sizes)], axis=axis
+        )
+
+    def replay(self) -> bool:
+        """Whether a guess turned out wrong (lengths differ): the groups are traced again."""
+        wrong = any(len(set(self.sizes[k])) > 1 for k in self.guessed)
+        self.guessed = set()
+        return wrong
+
+
+class _Traced(NamedTuple):
+    jaxpr: Any  # a ClosedJaxpr of one replica of the group
+    args: list  # the group's arguments, (array, batched)
+    out_tree: Any
+    layout: list  # per output leaf: None (computed) or (constant,)
+
+
+def _collectives(
+    strategy: Any, cdo: Any, n: int, members: tuple, gathers: _Gathers, devices: tuple
+) -> Collectives:
+    base, _ = compiled_collectives(strategy, cdo, n)
+    count = [0]
+
+    def all_gather(value: Any, axis: int) -> Any:
+        def one(x: Any) -> Any:
+            count[0] += 1
+            return gathers.gather(count[0] - 1, members, x, axis)
+
+        return jax.tree.map(lambda x: gather_leaf(x, axis, one), value)
+
     return Collectives(
-        replica_id=replica_id,
-        all_reduce=lambda op, value: call("all_reduce", op, value),
-        all_gather=lambda value, axis: call("all_gather", value, axis),
-        merge_call=lambda fn, args, kwargs: call("merge_call", fn, args, kwargs),
-        devices=lambda: (device,) if isinstance(device, str) else tuple(device),
+        replica_id=base.replica_id,
+        all_reduce=base.all_reduce,
+        all_gather=all_gather,
+        merge_call=lambda fn, args, kwargs: _bind_merge(strategy, n, fn, args, kwargs),
+        devices=lambda: tuple(devices[i] for i in members),
     )
 
 
-# -- groups of same-shaped replicas, traced once each with jax.vmap --------------------------
+def trace_group(
+    strategy: Any,
+    cdo: Any,
+    fn: Callable,
+    inputs: list,
+    members: tuple,
+    devices: tuple,
+    gathers: _Gathers,
+) -> _Traced:
+    """One replica of a group traced to a jaxpr, and the group's arguments."""
+    flat = [jax.tree.flatten(inputs[i]) for i in members]
+    leaves, in_tree = flat[0]
+    dynamic = [k for k, x in enumerate(leaves) if is_array(x)]
+    info: dict = {}
+
+    def replica(*arrays: Any) -> list:
+        full = list(leaves)
+        for k, a in zip(dynamic, arrays):
+            full[k] = a
+        args, kwargs = jax.tree.unflatten(in_tree, full)
+        collectives = _collectives(strategy, cdo, gathers.n, members, gathers, devices)
+        ctx = make_replica_context(strategy, collectives)
+        trace = _compile.current_trace()
+        with _context.enter(_context.replica_state(strategy, ctx)):
+            out = fn(*args, **kwargs)
+        out_leaves, info["tree"] = jax.tree.flatten(out)
+        info["layout"] = [None if _compile.is_inner_tracer(x, trace) else (x,) for x in out_leaves]
+        return [x for x, c in zip(out_leaves, info["layout"]) if c is None]
+
+    closed = jax.make_jaxpr(replica, axis_env=[(AXIS, gathers.n)])(*[leaves[k] for k in dynamic])
+    args = []
+    for k in dynamic:
+        column = [f[0][k] for f in flat]
+        shared = all(x is column[0] for x in column)
+        args.append(
+            (column[0], False) if shared else (jnp.stack([as_array(x) for x in column]), True)
+        )
+    return _Traced(closed, args, info["tree"], info["layout"])
 
 
-def _groups(inputs: list) -> list[list[int]]:
+def _groups(inputs: list) -> list[tuple[int, ...]]:
     """Replicas whose inputs have the same structure, shapes and dtypes (and static values)."""
     groups: dict = {}
     for i, tree in enumerate(inputs):
         leaves, treedef = jax.tree.flatten(tree)
         shapes = ((jnp.shape(x), jnp.result_type(x)) if is_array(x) else id(x) for x in leaves)
-        key = (treedef, *shapes)
-        groups.setdefault(key, []).append(i)
-    return list(groups.values())
+        groups.setdefault((treedef, *shapes), []).append(i)
+    return [tuple(g) for g in groups.values()]
 
 
-def trace_groups(strategy: Any, cdo: Any, fn: Callable, inputs: list, devices: tuple) -> tuple:
-    """`trace_replicas` with each group of same-shaped replicas traced once (`jax.vmap`)."""
-    n = len(inputs)
-    groups = _groups(inputs)
-    known: list[tuple[str, list]] = []
-    invariant: dict[int, Any] = {}
-    for _ in range(MAX_COLLECTIVES):
-        runs = [_GroupPass(strategy, fn, inputs, members, known, n, devices) for members in groups]
-        if all(r.pending is None for r in runs):
-            outs: list = [None] * n
-            for members, r in zip(groups, runs):
-                for g, i in enumerate(members):
-                    outs[i] = r.output(g, i)
-            return outs, invariant
-        kinds = [r.pending[0] if r.pending else "returned" for r in runs]
-        if len(set(kinds)) != 1 or "returned" in kinds:
-            raise _mismatch(f"collective {len(known)}", kinds)
-        payloads: list = [None] * n
-        for members, r in zip(groups, runs):
-            for g, i in enumerate(members):
-                payloads[i] = r.payload(g)
-        known.append((kinds[0], combine(strategy, cdo, n, kinds[0], payloads, invariant)))
-    raise RuntimeError(f"A partial-batch step called more than {MAX_COLLECTIVES} collectives.")
-
-
-class _GroupPass:
-    """One pass over one group: ``fn`` vmapped over the group's members, up to the pending
-    collective (whose input it records), with the known collectives' results fed in."""
-
-    def __init__(self, strategy, fn, inputs, members, known, n, devices) -> None:
-        self.strategy, self.fn, self.members, self.known, self.n = strategy, fn, members, known, n
-        self.devices = tuple(devices[i] for i in members)
-        flat = [jax.tree.flatten(inputs[i]) for i in members]
-        self.in_tree = flat[0][1]
-        self.columns = list(zip(*[f[0] for f in flat]))
-        self.shared = [all(x is c[0] for x in c) or not is_array(c[0]) for c in self.columns]
-        self.pending: Any = None
-        self.layout: list[tuple[str, Any]] = []
-        batched = [jnp.stack([as_array(x) for x in c]) for c, s in self._columns() if not s]
-        known_in = [jax.tree.map(_stack, *[res[i] for i in members]) for _, res in known]
-        ids = jnp.asarray(members, jnp.int32)
-        self.batched_out, self.payload_leaves = jax.vmap(self._body)(ids, batched, known_in)
-
-    def _columns(self) -> zip:
-        return zip(self.columns, self.shared)
-
-    def _body(self, rid: Any, batched: list, known_rows: list) -> tuple:
-        it = iter(batched)
-        leaves = [c[0] if s else next(it) for c, s in self._columns()]
-        args, kwargs = jax.tree.unflatten(self.in_tree, leaves)
-        trace, count, payload_out = _compile.current_trace(), [0], []
-
-        def call(kind: str, *payload: Any) -> Any:
-            k, count[0] = count[0], count[0] + 1
-            if k < len(self.known):
-                if self.known[k][0] != kind:
-                    raise _mismatch(f"collective {k}", [kind, self.known[k][0]])
-                return known_rows[k]
-            if k == len(self.known):
-                check_not_nested(trace, payload)
-                arrays, static = _split_payload(kind, payload)
-                self.pending = (kind, static, jax.tree.structure(arrays))
-                payload_out.extend(jax.tree.leaves(arrays))
-            return _stand_in(self.strategy, self.n, kind, payload)
-
-        ctx = make_replica_context(self.strategy, _collectives(call, lambda: rid, self.devices))
-        with _context.enter(_context.replica_state(self.strategy, ctx)), jax.disable_jit():
-            out = self.fn(*args, **kwargs)
-        out_leaves, self.out_tree = jax.tree.flatten(out)
-        self.layout = _classify(out_leaves, known_rows, trace)
-        batched_out = [x for x, (kind, _) in zip(out_leaves, self.layout) if kind == "batched"]
-        return batched_out, payload_out
-
-    def output(self, g: int, i: int) -> Any:
-        """Member ``g`` (replica ``i``)'s output."""
-        it = iter(self.batched_out)
-        leaves = []
-        for kind, what in self.layout:
-            if kind == "batched":
-                leaves.append(next(it)[g])
-            elif kind == "known":
-                leaves.append(jax.tree.leaves(self.known[what[0]][1][i])[what[1]])
-            else:
-                leaves.append(what)
-        return jax.tree.unflatten(self.out_tree, leaves)
-
-    def payload(self, g: int) -> tuple:
-        """Member ``g``'s input to the pending collective."""
-        kind, static, tree = self.pending
-        rows = jax.tree.unflatten(tree, [x[g] for x in self.payload_leaves])
-        return _join_payload(kind, static, rows)
-
-
-def _classify(out_leaves: list, known_rows: list, trace: Any) -> list[tuple[str, Any]]:
-    """Each output: a known collective's result fed in, computed (batched), or a constant."""
-    known_ids = {
-        id(x): (k, j)
-        for k, row in enumerate(known_rows)
-        for j, x in enumerate(jax.tree.leaves(row))
-    }
-    layout: list[tuple[str, Any]] = []
-    for x in out_leaves:
-        if id(x) in known_ids:
-            layout.append(("known", known_ids[id(x)]))
-        elif _compile.is_inner_tracer(x, trace):
-            layout.append(("batched", None))
-        else:
-            layout.append(("const", x))
-    return layout
-
-
-def _stack(*rows: Any) -> Any:
-    return jnp.stack([as_array(r) for r in rows])
-
-
-def _split_payload(kind: str, payload: tuple) -> tuple:
-    """A collective's input as (arrays, static parts)."""
-    if kind == "all_reduce":
-        op, value = payload
-        return jax.tree.map(as_array, value), op
-    if kind == "all_gather":
-        value, axis = payload
-        return jax.tree.map(as_array, value), axis
-    merge_fn, args, kwargs = payload
-    leaves, treedef = jax.tree.flatten((args, kwargs))
-    arrays = [x for x in leaves if isinstance(x, jax.Array)]
-    return arrays, (merge_fn, treedef, [None if isinstance(x, jax.Array) else x for x in leaves])
-
-
-def _join_payload(kind: str, static: Any, arrays: Any) -> tuple:
-    if kind == "all_reduce":
-        return static, arrays
-    if kind == "all_gather":
-        return arrays, static
-    merge_fn, treedef, leaves = static
-    it = iter(arrays)
-    args, kwargs = jax.tree.unflatten(treedef, [next(it) if x is None else x for x in leaves])
-    return merge_fn, args, kwargs
+def _trace_all(strategy, cdo, fn, inputs, groups, devices) -> list[_Traced]:
+    """Every group's jaxpr, traced again while all_gather lengths are being learnt."""
+    gathers = _Gathers(len(inputs))
+    for _ in range(MAX_PASSES):
+        traced, error = [], None
+        for members in groups:
+            try:
+                traced.append(trace_group(strategy, cdo, fn, inputs, members, devices, gathers))
+            except Exception as e:  # noqa: BLE001 - raised below unless a replay is due
+                error = error or e
+        if not gathers.replay():
+            if error is not None:
+                raise error
+            return traced
+    raise RuntimeError(f"A partial-batch step was traced {MAX_PASSES} times without settling.")
 
 
 def trace(strategy: Any, cdo: Any, fn: Callable, inputs: list, devices: tuple) -> tuple:
-    """Grouped tracing, falling back to one replica at a time should a step not trace so."""
-    try:
-        return trace_groups(strategy, cdo, fn, inputs, devices)
-    except Exception:  # noqa: BLE001 - retried one at a time; a real error is raised there
-        return trace_replicas(strategy, cdo, fn, inputs, devices)
+    """Every replica's outputs of ``fn`` on its ``(args, kwargs)`` in ``inputs``, in the
+    caller's trace; also the ids of outputs that are one value for every replica."""
+    groups = _groups(inputs)
+    traced = _trace_all(strategy, cdo, fn, inputs, groups, devices)
+    invariant: dict[int, Any] = {}
+    n = len(inputs)
+    plan = _lockstep.Groups(n, groups, _run_merge(strategy, n, groups, invariant))
+    results = _lockstep.run(plan, [t.jaxpr for t in traced], [t.args for t in traced])
+    outs: list = [None] * len(inputs)
+    for t, members, values in zip(traced, groups, results):
+        split = [_lockstep.rows(v, len(members)) for v in values]
+        for j, i in enumerate(members):
+            it = iter(s[j] for s in split)
+            leaves = [next(it) if c is None else c[0] for c in t.layout]
+            outs[i] = jax.tree.unflatten(t.out_tree, leaves)
+    return outs, invariant

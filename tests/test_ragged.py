@@ -1,7 +1,7 @@
 """Partial batches: replicas traced on their true slices, grouped by shape, with TF's answers.
 
-Both tracings (same-shaped replicas grouped under `jax.vmap`, and one replica at a
-time) give the same results, eagerly and inside `jax.jit`.
+Same-shaped replicas are traced once per group and run side by side, exchanging values at
+each collective; the results are the same eagerly and inside `jax.jit`.
 """
 
 import jax
@@ -42,45 +42,13 @@ def local(s, v):
     return [np.asarray(x).tolist() for x in s.experimental_local_results(v)]
 
 
-@pytest.fixture(params=["grouped", "one_at_a_time"])
-def tracing(request):
-    """Forces one tracing (a failure of the other one would otherwise be hidden), through the
-    step itself. The grouped tracing runs the step under `jax.vmap` over the replicas of a
-    group, so their replica id is a tracer; one replica at a time, it is a Python int. A step
-    that fails in the grouped tracing is traced one replica at a time. ``probe(x)`` is ``x``,
-    refusing the other tracing; ``seen`` records which tracing called it."""
-    mode, seen = request.param, []
-
-    def probe(x):
-        rid = jd.get_replica_context().replica_id_in_sync_group
-        now = "one_at_a_time" if isinstance(rid, int) else "grouped"
-        if now != mode and mode == "grouped":
-            raise AssertionError("grouped tracing was expected")
-        if now != mode:
-            raise ValueError("refused when grouped: the tracing falls back to one at a time")
-        seen.append(now)
-        return x
-
-    return mode, probe, seen
-
-
 @pytest.mark.parametrize("n", PARTIAL)
 @pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
-def test_partial_batch_collectives(n, jitted, tracing):
-    mode, probe, seen = tracing
+def test_partial_batch_collectives(n, jitted):
     s = jd.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
     data, x = partial_batch(s)
-
-    def probed(x):
-        return step(probe(x))
-
-    run = (
-        jax.jit(lambda x: s.run(probed, args=(x,)))
-        if jitted
-        else lambda x: s.run(probed, args=(x,))
-    )
+    run = jax.jit(lambda x: s.run(step, args=(x,))) if jitted else lambda x: s.run(step, args=(x,))
     out = run(x)
-    assert seen and set(seen) == {mode}
     rows = [len(p) for p in s.experimental_local_results(x)]
     assert rows == [2] * (n - 1) + [1]
     assert local(s, out["mean"]) == pytest.approx([float(data.sum()) / len(data)] * n)
