@@ -16,12 +16,14 @@ This module evaluates the groups' jaxprs in the caller's trace, in lockstep:
   unbatched);
 * at a collective every group stops, and the result is computed from every
   replica's value (`combine`), in replica order;
-* a nested jaxpr that holds a collective is entered (``jit``, ``checkpoint``,
-  ``custom_jvp``/``custom_vjp`` calls are inlined; every branch of a ``cond`` runs
-  and each member keeps its branch's result; a ``scan`` becomes one ``lax.scan``
-  whose body runs the groups' bodies in lockstep). A ``while_loop`` (a
-  ``fori_loop`` with a traced trip count) holding a collective cannot run so and
-  is a clear error, as are collectives other than the ones above.
+* a nested jaxpr that holds a collective is entered (``checkpoint`` and
+  ``custom_jvp``/``custom_vjp`` calls are inlined; every branch of a ``cond`` runs,
+  its collectives on every replica, and each member keeps its own branch's
+  result). `jax.jit` and ``lax.scan`` / ``fori_loop`` with static bounds do not
+  get here: the replicas are traced with jit disabled, which inlines a jit and
+  unrolls a scan. A ``while_loop`` (a ``fori_loop`` with a traced trip count)
+  holding a collective cannot run so and is a clear error, as are collectives
+  other than the ones above (``ppermute``, ``all_to_all``).
 
 Values are ``(array, batched)`` pairs: batched arrays have the group's members
 along their leading axis.
@@ -172,7 +174,7 @@ def _sync(eqn: Any, ins: list[Value], members: tuple) -> Run:
     name = eqn.primitive.name
     if name == "axis_index":
         return [(jnp.asarray(members, jnp.int32), True)]
-    if name in COLLECTIVES or name == "scan":
+    if name in COLLECTIVES:
         return (yield (name, eqn, ins))
     if name in INLINE:
         sub = eqn.params[INLINE[name]]
@@ -187,6 +189,9 @@ def unsupported(name: str) -> RuntimeError:
     what = {
         "while": "a lax.while_loop (or a fori_loop with a traced trip count)",
     }.get(name, f"'{name}'")
+    if name in UNSUPPORTED:
+        what = f"lax.{name} (not available in partial-batch steps)"
+
     return RuntimeError(
         f"In a partial-batch step, a collective inside {what} cannot be run: the replicas "
         "of a partial batch run side by side and exchange values at each collective, "
@@ -235,9 +240,7 @@ def _lockstep(groups: Groups, runs: list[Run]) -> list[list[Value]]:
         kinds = [q[0] if q is not None else "returned" for q in requests]
         if len(set(kinds)) != 1:
             raise mismatch(kinds)
-        if kinds[0] == "scan":
-            sends = _scan(groups, requests)
-        elif kinds[0] == MERGE:
+        if kinds[0] == MERGE:
             sends = groups.merge([q[1] for q in requests], [q[2] for q in requests])
         else:
             sends = combine(groups, kinds[0], requests)
@@ -329,45 +332,3 @@ def _scatter(groups: Groups, column: Sequence[Value], params: dict) -> list[list
     if not params["tiled"]:
         own = [jnp.squeeze(x, d) for x in own]
     return [[(jnp.stack([own[i] for i in members]), True)] for members in groups.members]
-
-
-def _scan(groups: Groups, requests: list) -> list[list[Value]]:
-    """One `lax.scan` whose body runs every group's body in lockstep (carries batched)."""
-    eqns = [q[1] for q in requests]
-    lengths = {(e.params["length"], e.params["reverse"]) for e in eqns}
-    if len(lengths) != 1:
-        raise mismatch([f"scan of length {e.params['length']}" for e in eqns])
-    length, reverse = lengths.pop()
-    splits: list[tuple] = []
-    for (_, eqn, ins), members in zip(requests, groups.members):
-        c, k = eqn.params["num_consts"], eqn.params["num_carry"]
-        carry = [_batch(v, len(members)) for v in ins[c : c + k]]
-        xs = [(jnp.moveaxis(x, 0, 1) if b else x, b) for x, b in ins[c + k :]]
-        splits.append((ins[:c], carry, xs))
-
-    def body(carry: list, xs: list) -> tuple:
-        runs = []
-        for eqn, members, (consts, _, x_in), c, x in zip(eqns, groups.members, splits, carry, xs):
-            args = [*consts, *[(v, True) for v in c], *[(v, b) for v, (_, b) in zip(x, x_in)]]
-            j = eqn.params["jaxpr"]
-            runs.append(_run(j.jaxpr, j.consts, args, members))
-        outs = _lockstep(groups, runs)
-        k = [e.params["num_carry"] for e in eqns]
-        new = [[_batch(v, len(m)) for v in o[:c]] for o, c, m in zip(outs, k, groups.members)]
-        ys = [[_batch(v, len(m)) for v in o[c:]] for o, c, m in zip(outs, k, groups.members)]
-        return new, ys
-
-    init = [s[1] for s in splits]
-    scanned = [[x for x, _ in s[2]] for s in splits]
-    carry, ys = lax.scan(body, init, scanned, length=length, reverse=reverse)  # type: ignore
-    out: list[list[Value]] = [
-        [*[(v, True) for v in c], *[(jnp.moveaxis(y, 0, 1), True) for y in y_g]]
-        for c, y_g in zip(carry, ys)
-    ]
-    return out
-
-
-def _batch(value: Value, size: int) -> Any:
-    x, batched = value
-    x = jnp.asarray(x)
-    return x if batched else jnp.broadcast_to(x, (size, *x.shape))

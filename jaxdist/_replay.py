@@ -30,6 +30,7 @@ Two collectives are not plain ``lax`` ones:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -79,6 +80,14 @@ NESTED_MERGE = (
 )
 
 
+CLOSURE = (
+    "In a partial-batch step, merge_fn used a value computed in the step that was not passed "
+    "through merge_call's args or kwargs (a closure). merge_fn runs once for all replicas, "
+    "after every replica has reached the merge_call, so give it such values as arguments: "
+    "ctx.merge_call(merge_fn, args=(value,))."
+)
+
+
 def _no_impl(*args: Any, spec: _MergeSpec) -> Any:
     raise RuntimeError(NESTED_MERGE.format(what="this transformation"))
 
@@ -123,10 +132,13 @@ def _bind_merge(strategy: Any, n: int, merge_fn: Callable, args: tuple, kwargs: 
     )
 
 
-def _run_merge(strategy: Any, n: int, groups: list[tuple], invariant: dict) -> Callable:
+def _run_merge(
+    strategy: Any, n: int, groups: list[tuple], invariant: dict, stage_one: list
+) -> Callable:
     """The lockstep's merge handler: ``merge_fn`` once, with every replica's arguments as
     `PerReplica` values; its result goes to every replica (a value that is not
-    per-replica as one value, as TF)."""
+    per-replica as one value, as TF). ``merge_fn`` is traced to a jaxpr first: one that
+    captured a value of the replicas' traces (``stage_one``) is a clear error."""
 
     def merge(eqns: list, inputs: list) -> list:
         spec: _MergeSpec = eqns[0].params["spec"]
@@ -135,28 +147,44 @@ def _run_merge(strategy: Any, n: int, groups: list[tuple], invariant: dict) -> C
             split = [_lockstep.rows(v, len(members)) for v in values]
             for j, i in enumerate(members):
                 per_replica[i] = [s[j] for s in split]
-        it = iter([from_parts(list(column)) for column in zip(*per_replica)])
-        leaves = [next(it) if s is None else s for s in spec.leaves]
-        a, k = jax.tree.unflatten(spec.treedef, leaves)
-        with _context.enter(_context.merge_state(strategy)):
-            result = spec.merge_fn(strategy, *a, **k)
-        outs = [_array_leaves(select(result, i)) for i in range(n)]
-        return [_merge_outputs(outs, members, invariant) for members in groups]
+        flat = [x for row in per_replica for x in row]
+        same: list = []
+        call = functools.partial(_call_merge, strategy, spec, n, same)
+        closed, shapes = jax.make_jaxpr(call, return_shape=True)(*flat)
+        for c in closed.consts:
+            if any(_compile.is_inner_tracer(c, t) for t in stage_one):
+                raise RuntimeError(CLOSURE)
+        columns = jax.tree.unflatten(jax.tree.structure(shapes), core.jaxpr_as_fun(closed)(*flat))
+        return [_merge_outputs(columns, same, members, invariant) for members in groups]
 
     return merge
+
+
+def _call_merge(strategy: Any, spec: _MergeSpec, n: int, same: list, *flat: Any) -> list:
+    """``merge_fn`` on the replicas' arguments; per array result, one value (``same``) or
+    each replica's."""
+    k = len(flat) // n
+    rows = [flat[i * k : (i + 1) * k] for i in range(n)]
+    it = iter([from_parts(list(column)) for column in zip(*rows)])
+    a, kw = jax.tree.unflatten(spec.treedef, [next(it) if s is None else s for s in spec.leaves])
+    with _context.enter(_context.merge_state(strategy)):
+        result = spec.merge_fn(strategy, *a, **kw)
+    outs = [_array_leaves(select(result, i)) for i in range(n)]
+    same[:] = [all(x is c[0] for x in c) for c in zip(*outs)]
+    return [c[0] if one else list(c) for c, one in zip(zip(*outs), same)]
 
 
 def _array_leaves(tree: Any) -> list:
     return [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
 
 
-def _merge_outputs(outs: list, members: tuple, invariant: dict) -> list:
+def _merge_outputs(columns: list, same: list, members: tuple, invariant: dict) -> list:
     """A group's merge results: one value where every replica got the same object."""
     values = []
-    for column in zip(*outs):
-        if all(x is column[0] for x in column):
-            invariant[id(column[0])] = column[0]
-            values.append((column[0], False))
+    for column, one in zip(columns, same):
+        if one:
+            invariant[id(column)] = column
+            values.append((column, False))
         else:
             values.append((jnp.stack([as_array(column[i]) for i in members]), True))
     return values
@@ -203,6 +231,7 @@ class _Traced(NamedTuple):
     args: list  # the group's arguments, (array, batched)
     out_tree: Any
     layout: list  # per output leaf: None (computed) or (constant,)
+    trace: Any  # the trace that made the jaxpr (dead: a value of it is a leak)
 
 
 def _collectives(
@@ -249,14 +278,19 @@ def trace_group(
         args, kwargs = jax.tree.unflatten(in_tree, full)
         collectives = _collectives(strategy, cdo, gathers.n, members, gathers, devices)
         ctx = make_replica_context(strategy, collectives)
-        trace = _compile.current_trace()
+        info["trace"] = trace = _compile.current_trace()
         with _context.enter(_context.replica_state(strategy, ctx)):
             out = fn(*args, **kwargs)
         out_leaves, info["tree"] = jax.tree.flatten(out)
         info["layout"] = [None if _compile.is_inner_tracer(x, trace) else (x,) for x in out_leaves]
         return [x for x, c in zip(out_leaves, info["layout"]) if c is None]
 
-    closed = jax.make_jaxpr(replica, axis_env=[(AXIS, gathers.n)])(*[leaves[k] for k in dynamic])
+    # jit disabled: a `jax.jit` inside fn is traced again in this replica's context, never
+    # taken from (or left in) its cache, where a trace made for another context may be.
+    with jax.disable_jit():
+        closed = jax.make_jaxpr(replica, axis_env=[(AXIS, gathers.n)])(
+            *[leaves[k] for k in dynamic]
+        )
     args = []
     for k in dynamic:
         column = [f[0][k] for f in flat]
@@ -264,7 +298,7 @@ def trace_group(
         args.append(
             (column[0], False) if shared else (jnp.stack([as_array(x) for x in column]), True)
         )
-    return _Traced(closed, args, info["tree"], info["layout"])
+    return _Traced(closed, args, info["tree"], info["layout"], info["trace"])
 
 
 def _groups(inputs: list) -> list[tuple[int, ...]]:
@@ -301,7 +335,8 @@ def trace(strategy: Any, cdo: Any, fn: Callable, inputs: list, devices: tuple) -
     traced = _trace_all(strategy, cdo, fn, inputs, groups, devices)
     invariant: dict[int, Any] = {}
     n = len(inputs)
-    plan = _lockstep.Groups(n, groups, _run_merge(strategy, n, groups, invariant))
+    stage_one = [t.trace for t in traced]
+    plan = _lockstep.Groups(n, groups, _run_merge(strategy, n, groups, invariant, stage_one))
     results = _lockstep.run(plan, [t.jaxpr for t in traced], [t.args for t in traced])
     outs: list = [None] * len(inputs)
     for t, members, values in zip(traced, groups, results):

@@ -108,6 +108,30 @@ def test_merge_call_inside_grad_is_a_clear_error():
         s.run(step, args=(x,))
 
 
+def test_merge_fn_closing_over_a_step_value_is_a_clear_error():
+    s = strategy(2)
+    x = batch(s, np.ones((3, 1)))
+
+    def step(x):
+        local = jnp.sum(x)
+        merge = lambda st: local * 2.0  # noqa: E731
+        return jd.get_replica_context().merge_call(merge)
+
+    with pytest.raises(RuntimeError, match="through merge_call's args"):
+        s.run(step, args=(x,))
+
+
+def test_a_jitted_replica_fn_gathering_rows_of_different_lengths():
+    """A jax.jit inside the step is traced per context (its cache would hold a trace made
+    before every replica's length was known)."""
+    s = strategy(4)
+    data = np.arange(7, dtype=np.float32)  # [2, 2, 2, 1]
+    (x,) = s.experimental_distribute_dataset([data])
+    gather = jax.jit(lambda v: jd.get_replica_context().all_gather(v, axis=0))
+    for _ in range(2):
+        assert run(s, gather, x) == [data.tolist()] * 4
+
+
 # -- raw lax collectives over jd.AXIS --------------------------------------------------------
 
 
