@@ -134,8 +134,38 @@ def _timed(fn):
     return time.perf_counter() - t0
 
 
-def partial_batches(strategy, jitted):
-    """The demo's MLP step: first and later full and partial (ragged) batches, seconds."""
+def _sync_bn_step(strategy):
+    """A dense layer and a synchronized batch norm (batch moments all-reduced inside
+    jax.grad, TF's SyncBatchNormalization), summed gradients: (step, params)."""
+    rng = np.random.default_rng(0)
+    params = {
+        "w": jnp.asarray(rng.normal(size=(64, 128)), jnp.float32),
+        "scale": jnp.ones(128, jnp.float32),
+        "bias": jnp.zeros(128, jnp.float32),
+        "out": jnp.asarray(rng.normal(size=(128, 10)), jnp.float32),
+    }
+
+    def loss(p, x, y, reduce):
+        h = x @ p["w"]
+        count = reduce(jnp.float32(h.shape[0]))
+        mean = reduce(jnp.sum(h, 0)) / count
+        var = reduce(jnp.sum(h * h, 0)) / count - mean * mean
+        h = jax.nn.relu((h - mean) * lax.rsqrt(var + 1e-3) * p["scale"] + p["bias"])
+        logits = h @ p["out"]
+        picked = jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1)
+        return -jnp.sum(picked) / 64.0
+
+    def step(p, x, y):
+        ctx = jd.get_replica_context()
+        grads = jax.grad(loss)(p, x, y, lambda v: ctx.all_reduce("SUM", v))
+        return ctx.all_reduce("SUM", grads)
+
+    return step, params
+
+
+def partial_batches(strategy, jitted, sync_bn=False):
+    """The demo's MLP step (or a synchronized-batch-norm step): first and later full and
+    partial (ragged) batches, seconds."""
     import optax
 
     demo = _demo_module()
@@ -151,6 +181,10 @@ def partial_batches(strategy, jitted):
     part = (full[0][:37], full[1][:37])  # 37 over 8 replicas: [5, 5, 5, 5, 5, 5, 5, 2]
     dist = list(strategy.experimental_distribute_dataset([full, part]))
     step = demo.make_train_step(optimizer)
+    if sync_bn:
+        step, params = _sync_bn_step(strategy)
+        step_, p = step, params
+        step = lambda params, opt_state, batch: step_(p, *batch)  # noqa: E731
     call = (
         jax.jit(lambda *a: strategy.run(step, args=a))
         if jitted
@@ -192,21 +226,16 @@ def main():
         rows,
     )
     prow = []
-    for jitted in (False, True):
-        p = partial_batches(jd.MirroredStrategy([f"/cpu:{i}" for i in range(R)]), jitted)
-        data[f"partial_batches_{'jit' if jitted else 'eager'}"] = p
-        prow.append(
-            [
-                "jitted" if jitted else "eager `run`",
-                f"{p['first_full_s']:.2f}",
-                f"{p['first_partial_s']:.2f}",
-                f"{p['first_ratio']:.2f}",
-                f"{p['full_s'] * 1e3:.2f}",
-                f"{p['partial_s'] * 1e3:.2f}",
-                f"{p['later_ratio']:.2f}",
-            ]
-        )
-    md += "\n\nThe demo's MLP step (64-128-128-10, adam) on a full batch of 64 and a partial batch of 37:\n\n"
+    for sync_bn in (False, True):
+        for jitted in (False, True):
+            s = jd.MirroredStrategy([f"/cpu:{i}" for i in range(R)])
+            p = partial_batches(s, jitted, sync_bn)
+            what = f"{'sync_bn_' if sync_bn else ''}{'jit' if jitted else 'eager'}"
+            data[f"partial_batches_{what}"] = p
+            prow.append(_partial_row(p, jitted, sync_bn))
+    md += "\n\nThe demo's MLP step (64-128-128-10, adam), and a step with a synchronized batch "
+    md += "norm (64-128-10, batch moments all-reduced inside jax.grad), on a full batch of 64 "
+    md += "and a partial batch of 37 ([5] * 7 + [2]):\n\n"
     md += common.table(
         [
             "step",
@@ -221,6 +250,18 @@ def main():
     )
     print(md)
     return {"title": "jaxdist inside jax.jit", "markdown": md, "data": data}
+
+
+def _partial_row(p, jitted, sync_bn):
+    return [
+        ("sync batch norm, " if sync_bn else "") + ("jitted" if jitted else "eager `run`"),
+        f"{p['first_full_s']:.2f}",
+        f"{p['first_partial_s']:.2f}",
+        f"{p['first_ratio']:.2f}",
+        f"{p['full_s'] * 1e3:.2f}",
+        f"{p['partial_s'] * 1e3:.2f}",
+        f"{p['later_ratio']:.2f}",
+    ]
 
 
 if __name__ == "__main__":
