@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from jaxdist._devices import Replicas
-from jaxdist._values import from_padded, from_parts, from_stacked
+from jaxdist._values import from_padded, from_parts, from_shaped, from_stacked
 
 EMPTY = object()
 """What `Source.peek` returns for an empty dataset."""
@@ -201,6 +201,7 @@ class Placer:
 
     def __init__(self, replicas: Replicas, on_device: bool) -> None:
         self.devices: tuple = replicas.devices
+        self.replicas = replicas
         self.n = replicas.num
         self.sharding = replicas.sharding
         self.local = list(replicas.local)
@@ -287,6 +288,9 @@ class Placer:
         """Per-leaf lists of local per-replica arrays as `PerReplica` values of parts."""
         if not self.on_device:
             return [self._host_parts(c) for c in columns]
+        if self._fast and not any(_is_host_only(p) for c in columns for p in c):
+            # one array padded to the largest shape: a jax.jit argument (parts are not)
+            return [from_shaped([np.asarray(p) for p in c], self.replicas) for c in columns]
         flat = [(i, j, p) for i, c in enumerate(columns) for j, p in enumerate(c)]
         dev = [(i, j, p) for i, j, p in flat if not _is_host_only(p)]
         put = jax.device_put([p for _, _, p in dev], [self.local_devices[j] for _, j, _ in dev])

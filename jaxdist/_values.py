@@ -1,13 +1,18 @@
 """Distributed values: `PerReplica` and `Mirrored`, registered as pytrees.
 
-A distributed value holds one value per replica in one of two layouts:
+A distributed value holds one value per replica in one of these layouts:
 
 * stacked: one array of shape ``(num_replicas, *shape)`` whose leading axis is
   sharded over the replicas' devices (one row per device). This is what
   `Strategy.run` produces and consumes, so nothing is split or copied per step;
   inside `jax.jit` the stacked array is simply a tracer.
-* parts: a tuple of per-replica values, used when the replicas' shapes differ
-  (a partial batch split ``[2, 2, 2, 0]``) or the values are not arrays.
+* padded: the same, for a partial batch (rows that differ in axis 0 only, a
+  split ``[2, 2, 2, 0]``): each row padded to the longest, the lengths static;
+* shaped: the same for rows of one rank and dtype whose shapes differ in other
+  axes too (``(2, 2)`` and ``(2, 3)``): each row padded to the largest shape in
+  every axis, the shapes static. Both are one `jax.jit` argument;
+* parts: a tuple of per-replica values, used when nothing else fits (ranks or
+  dtypes that differ, values that are not arrays, several processes).
 
 The layout is pytree metadata, so every `jax.tree` idiom, `jax.eval_shape` and
 checkpointing libraries see the stacked array (or the parts) as the leaves.
@@ -54,7 +59,7 @@ __all__ = ["AXIS"]
 
 # -- the classes --------------------------------------------------------------------
 
-_STACKED, _PADDED, _PARTS = "stacked", "padded", "parts"
+_STACKED, _PADDED, _PARTS, _SHAPED = "stacked", "padded", "parts", "shaped"
 
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False, init=False)
@@ -71,9 +76,10 @@ class DistributedValues:
     [1.0, 2.0]
     """
 
-    _layout: str  # "stacked", "padded" (a stacked array and each row's true length) or "parts"
+    _layout: str  # "stacked", "padded" (a stacked array and each row's true length), "parts"
+    # or "shaped" (a stacked array padded in every axis, and each row's true shape)
     _data: Any  # the stacked array, or the tuple of parts
-    _lengths: tuple | None = None  # "padded": how many leading rows of each row are real
+    _lengths: tuple | None = None  # "padded": real leading rows per row; "shaped": row shapes
 
     def __init__(self, values: Sequence[Any]) -> None:
         if isinstance(values, DistributedValues):
@@ -124,7 +130,7 @@ class DistributedValues:
         """One value per (local) replica, in replica order."""
         if self._layout == _PARTS:
             return self._data
-        if self._layout == _PADDED:
+        if self._layout in (_PADDED, _SHAPED):
             return _padded_rows(self._data, self._lengths or ())
         return shard_rows(self._data)
 
@@ -321,10 +327,12 @@ def _padded_rows(data: Any, lengths: tuple) -> tuple:
     return tuple(_head(r, n) for r, n in zip(rows, lengths))
 
 
-def _head(row: Any, n: int) -> Any:
+def _head(row: Any, n: int | tuple) -> Any:
+    """The first ``n`` rows of ``row``, or its corner of shape ``n`` (a tuple)."""
+    shape = n if isinstance(n, tuple) else (n, *row.shape[1:])
     if isinstance(row, jax.ShapeDtypeStruct):
-        return jax.ShapeDtypeStruct((n, *row.shape[1:]), row.dtype)
-    return row[:n]
+        return jax.ShapeDtypeStruct(shape, row.dtype)
+    return row[:n] if not isinstance(n, tuple) else row[tuple(slice(0, k) for k in n)]
 
 
 def from_stacked(x: Any, cls: type | None = None) -> Any:
@@ -347,6 +355,37 @@ def from_padded(x: Any, lengths: Sequence[int], cls: type | None = None) -> Any:
     if all(n == np.shape(x)[1] for n in lengths):
         return from_stacked(x, cls)
     return _make(cls or PerReplica, _PADDED, x, lengths)
+
+
+def from_shaped(rows: Sequence[Any], replicas: Replicas) -> Any:
+    """A `PerReplica` of arrays of one rank and dtype whose shapes differ (not only in
+    axis 0): one array sharded over the replicas, each row padded to the largest shape
+    in every axis, with each row's shape as static metadata, so that it is one
+    `jax.jit` argument (parts on several devices are not). Parts where that cannot be
+    (several processes, ranks or dtypes that differ)."""
+    if (
+        replicas.multi_process
+        or len(
+            {
+                (np.ndim(r), np.asarray(r).dtype if isinstance(r, np.ndarray) else r.dtype)
+                for r in rows
+            }
+        )
+        != 1
+    ):
+        return from_parts(jax.device_put(list(rows), list(replicas.local_devices)))
+    shapes = tuple(tuple(int(k) for k in np.shape(r)) for r in rows)
+    big = tuple(max(column) for column in zip(*shapes))
+    pads = [[(0, b - k) for b, k in zip(big, shape)] for shape in shapes]
+    with_pads = [
+        np.pad(r, p) if isinstance(r, np.ndarray) else jnp.pad(r, p) for r, p in zip(rows, pads)
+    ]
+    data = stack_on_devices(with_pads, replicas)
+    if len(set(shapes)) == 1:
+        return from_stacked(data)
+    if only_lengths_differ(rows):
+        return from_padded(data, [s[0] for s in shapes])
+    return _make(PerReplica, _SHAPED, data, shapes)
 
 
 def padded(v: DistributedValues) -> tuple | None:
@@ -466,7 +505,7 @@ def combine_parts(parts: Sequence[Any], replicas: Replicas | None) -> Any:
         pads = [[(0, size - r.shape[0])] + [(0, 0)] * (r.ndim - 1) for r in rows]
         with_pads = [jnp.pad(r, pad) for r, pad in zip(rows, pads)]
         return from_padded(stack_on_devices(with_pads, replicas), [r.shape[0] for r in rows])
-    return from_parts(jax.device_put(rows, list(replicas.local_devices)))
+    return from_shaped(rows, replicas)
 
 
 def select(value: Any, index: int) -> Any:

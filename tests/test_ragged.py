@@ -110,3 +110,32 @@ def test_a_jitted_partial_batch_moves_whole_inputs_not_slices(n):
     assert stacked.sharding.is_equivalent_to(s.extended.replicas.sharding, stacked.ndim)
     want = np.tanh(data @ np.ones((3, 3))) + data.sum() / len(data)
     np.testing.assert_allclose(np.concatenate(local(s, out)), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
+def test_values_differing_in_a_non_batch_axis_go_into_jax_jit(jitted):
+    """TF: a dataset function giving (2, 2) on one replica and (2, 3) on the other, each
+    replica's mean in a jitted function that calls run: [1.5, 2.0]. Such a value is one
+    array padded in every axis (a jax.jit argument), each replica's shape as metadata."""
+    s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    options = jd.InputOptions(experimental_replication_mode=jd.InputReplicationMode.PER_REPLICA)
+
+    def dataset_fn(ctx):
+        k = 2 + ctx.input_pipeline_id
+        return [np.tile(np.arange(1, k + 1, dtype=np.float32), (2, 1))]
+
+    x = next(iter(s.distribute_datasets_from_function(dataset_fn, options)))
+    assert [v.shape for v in x.values] == [(2, 2), (2, 3)]
+    assert [v.devices() for v in x.values] == [{d} for d in jax.devices()[:2]]
+    assert len(jax.tree.leaves(x)) == 1
+    run = (
+        jax.jit(lambda x: s.run(jnp.mean, args=(x,)))
+        if jitted
+        else (lambda x: s.run(jnp.mean, args=(x,)))
+    )
+    assert local(s, run(x)) == [1.5, 2.0]
+    made = s.experimental_distribute_values_from_function(
+        lambda ctx: jnp.ones((2, 2 + ctx.replica_id_in_sync_group))
+    )
+    assert local(s, run(made)) == [1.0, 1.0]
+    assert [v.shape for v in made.values] == [(2, 2), (2, 3)]
