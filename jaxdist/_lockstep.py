@@ -27,6 +27,14 @@ This module evaluates the groups' jaxprs in the caller's trace, in lockstep:
 
 Values are ``(array, batched)`` pairs: batched arrays have the group's members
 along their leading axis.
+
+JAX internals this module reads (through `jax.extend.core`, JAX's extension API,
+which has no stability promise): the names and parameters of the collective and
+call primitives (``psum`` ``axes``, ``all_gather`` ``all_gather_dimension`` /
+``tiled``, ``reduce_scatter`` ``scatter_dimension``, ``cond`` ``branches``, the
+sub-jaxpr of ``jit`` / ``remat2`` / ``custom_*_call``), as of jax 0.10.
+`tests/test_nested_collectives.py` exercises each of them; an unknown primitive
+holding a collective is a clear error, not a wrong answer.
 """
 
 from __future__ import annotations
