@@ -25,6 +25,7 @@ NO_EXAMPLES = {
     "jaxdist._distributed",
     "jaxdist._input_place",
     "jaxdist._layout",
+    "jaxdist._lockstep",
     "jaxdist._logical_devices",
     "jaxdist._ragged",
     "jaxdist._reduce",

@@ -4,6 +4,7 @@ import json
 import pathlib
 import re
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -72,3 +73,54 @@ def test_onedevice_reductions_match_tf():
         od.reduce("MEAN", t, axis=None).tolist()
         == ANSWERS["onedevice.reduce_mean_range10_axisNone"]["result"]["value"]
     )
+
+
+def _tf_values(result):
+    return [v["value"] for v in result["values"]]
+
+
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
+def test_collective_gradients_on_a_partial_batch_match_tf(jitted):
+    """Issue 19: TF's gradient of all_reduce / all_gather inside a tape on a partial batch is
+    the collective of the cotangents over every replica, empty ones included."""
+    s = strategy4()
+
+    def run(step, rows):
+        x = next(iter(s.experimental_distribute_dataset([np.asarray(rows, np.float32)])))
+        call = (
+            jax.jit(lambda x: s.run(step, args=(x,)))
+            if jitted
+            else (lambda x: s.run(step, args=(x,)))
+        )
+        return [float(v) for v in s.experimental_local_results(call(x))]
+
+    def reduce_grad(x):
+        ctx = jd.get_replica_context()
+        return jax.grad(lambda w: ctx.all_reduce("SUM", jnp.sum(x * w)))(jnp.float32(1.0))
+
+    def gather_grad(x):
+        coef = jnp.asarray([[1.0], [2.0], [3.0]])
+        ctx = jd.get_replica_context()
+        return jax.grad(lambda w: jnp.sum(ctx.all_gather(x * w, axis=0) * coef))(jnp.float32(1.0))
+
+    partial = _tf_values(ANSWERS["grad.all_reduce_sum_partial_4r"]["result"])
+    assert run(reduce_grad, [[1.0], [2.0]]) == partial == [4.0, 8.0, 0.0, 0.0]
+    assert partial == _tf_values(ANSWERS["grad.all_reduce_sum_partial_4r_tf_function"]["result"])
+    full = _tf_values(ANSWERS["grad.all_reduce_sum_full_4r"]["result"])
+    assert run(reduce_grad, [[1.0]] * 4) == full
+    gathered = _tf_values(ANSWERS["grad.all_gather_partial_4r"]["result"]["grad"])
+    assert run(gather_grad, [[1.0], [2.0], [3.0]]) == gathered == [4.0, 16.0, 36.0, 0.0]
+
+
+def test_values_of_different_non_batch_shapes_in_a_jitted_run_match_tf():
+    s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    options = jd.InputOptions(experimental_replication_mode=jd.InputReplicationMode.PER_REPLICA)
+
+    def dataset_fn(ctx):
+        k = 2 + ctx.input_pipeline_id
+        return [np.tile(np.arange(1, k + 1, dtype=np.float32), (2, 1))]
+
+    x = next(iter(s.distribute_datasets_from_function(dataset_fn, options)))
+    out = jax.jit(lambda x: s.run(jnp.mean, args=(x,)))(x)
+    want = _tf_values(ANSWERS["ragged.dataset_fn_non_batch_shapes_tf_function_2r"]["result"])
+    assert [float(v) for v in s.experimental_local_results(out)] == want == [1.5, 2.0]
