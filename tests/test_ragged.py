@@ -134,6 +134,17 @@ def test_values_differing_in_a_non_batch_axis_go_into_jax_jit(jitted):
         else (lambda x: s.run(jnp.mean, args=(x,)))
     )
     assert local(s, run(x)) == [1.5, 2.0]
+
+    def grad_step(x):  # TF's rule on these shapes too: 2 replicas times each replica's mean
+        reduce = lambda v: jd.get_replica_context().all_reduce("SUM", v)  # noqa: E731
+        return jax.grad(lambda w: reduce(jnp.mean(x * w)))(jnp.float32(1.0))
+
+    grad = (
+        jax.jit(lambda x: s.run(grad_step, args=(x,)))
+        if jitted
+        else (lambda x: s.run(grad_step, args=(x,)))
+    )
+    assert local(s, grad(x)) == [3.0, 4.0]
     made = s.experimental_distribute_values_from_function(
         lambda ctx: jnp.ones((2, 2 + ctx.replica_id_in_sync_group))
     )
