@@ -23,8 +23,11 @@ Two collectives are not plain ``lax`` ones:
   trace per round of newly learnt lengths);
 * `ReplicaContext.merge_call`: a primitive of its own (``merge_p``) whose
   ``merge_fn`` runs once with every replica's arguments when the groups reach
-  it. It has no gradient rule (TF's merge_fn is arbitrary Python): inside
-  `jax.grad` / `jax.vmap` of a partial-batch step it is a clear error.
+  it. Its result's shapes come from ``merge_fn`` on stand-ins (every replica
+  with this replica's shapes); where the real results differ (a gather of a
+  partial batch), the step is traced again with them. It has no gradient rule
+  (TF's tape gives no gradient through a merge_call): inside `jax.grad` /
+  `jax.vmap` of a partial-batch step it is a clear error.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class _MergeSpec:
     """A `merge_call` site: ``merge_fn``, where its array arguments go, its result's shape."""
 
     merge_fn: Callable
+    index: int  # the replica's how-manieth merge_call
     treedef: Any
     leaves: tuple  # the non-array arguments, None where an array goes
     out_tree: Any
@@ -105,9 +109,12 @@ ad.primitive_jvps[merge_p] = _no_jvp
 batching.primitive_batchers[merge_p] = _no_batching
 
 
-def _bind_merge(strategy: Any, n: int, merge_fn: Callable, args: tuple, kwargs: dict) -> Any:
+def _bind_merge(
+    strategy: Any, n: int, k: int, known: Any, merge_fn: Callable, args: tuple, kwargs: dict
+) -> Any:
     """Stage 1 of a merge_call: its result's shape from ``merge_fn`` on stand-ins (every
-    replica given this replica's arguments), and the primitive bound."""
+    replica given this replica's arguments), or ``known`` from running it (``merge_fn``
+    can return shapes that depend on every replica's: a gather), and the primitive bound."""
     leaves, treedef = jax.tree.flatten((args, kwargs))
     arrays = [x for x in leaves if isinstance(x, jax.Array)]
     statics = tuple(None if isinstance(x, jax.Array) else x for x in leaves)
@@ -123,9 +130,10 @@ def _bind_merge(strategy: Any, n: int, merge_fn: Callable, args: tuple, kwargs: 
         info["leaves"] = tuple(None if isinstance(x, jax.Array) else x for x in out)
         return [x for x in out if isinstance(x, jax.Array)]
 
-    shapes = jax.eval_shape(stand_in, *arrays)
+    shapes = jax.eval_shape(stand_in, *arrays)  # and the result's structure, in ``info``
+    shapes = known or shapes
     avals = tuple(jax.core.ShapedArray(s.shape, s.dtype, weak_type=s.weak_type) for s in shapes)
-    spec = _MergeSpec(merge_fn, treedef, statics, info["tree"], info["leaves"], avals)
+    spec = _MergeSpec(merge_fn, k, treedef, statics, info["tree"], info["leaves"], avals)
     it = iter(merge_p.bind(*arrays, spec=spec))
     return jax.tree.unflatten(
         spec.out_tree, [next(it) if s is None else s for s in spec.out_leaves]
@@ -155,9 +163,27 @@ def _run_merge(
             if any(_compile.is_inner_tracer(c, t) for t in stage_one):
                 raise RuntimeError(CLOSURE)
         columns = jax.tree.unflatten(jax.tree.structure(shapes), core.jaxpr_as_fun(closed)(*flat))
+        got = [[_spec(c if one else c[i]) for c, one in zip(columns, same)] for i in range(n)]
+        for eqn, members in zip(eqns, groups):
+            want = [_spec(a) for a in eqn.params["spec"].out_avals]
+            if any(got[i] != want for i in members):
+                raise _MergeShapes(spec.index, got)
         return [_merge_outputs(columns, same, members, invariant) for members in groups]
 
     return merge
+
+
+class _MergeShapes(Exception):  # noqa: N818 - a signal to trace again, caught in `trace`
+    """merge_fn's results have other shapes than its stand-ins gave: trace again with these."""
+
+    def __init__(self, index: int, shapes: list) -> None:
+        super().__init__(index, shapes)
+        self.index, self.shapes = index, shapes
+
+
+def _spec(x: Any) -> jax.ShapeDtypeStruct:
+    aval = jax.typeof(x) if not isinstance(x, jax.core.ShapedArray) else x
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
 def _call_merge(strategy: Any, spec: _MergeSpec, n: int, same: list, *flat: Any) -> list:
@@ -201,6 +227,7 @@ class _Gathers:
         self.n = n
         self.sizes: dict[int, list] = {}
         self.guessed: set[int] = set()
+        self.merges: dict[int, list] = {}  # merge_call index -> each replica's result shapes
 
     def gather(self, k: int, members: tuple, x: Any, axis: int) -> Any:
         sizes = self.sizes.setdefault(k, [None] * self.n)
@@ -238,7 +265,12 @@ def _collectives(
     strategy: Any, cdo: Any, n: int, members: tuple, gathers: _Gathers, devices: tuple
 ) -> Collectives:
     base, _ = compiled_collectives(strategy, cdo, n)
-    count = [0]
+    count, merges = [0], [0]
+
+    def merge_call(fn: Callable, args: tuple, kwargs: dict) -> Any:
+        k, merges[0] = merges[0], merges[0] + 1
+        known = gathers.merges.get(k)
+        return _bind_merge(strategy, n, k, known and known[members[0]], fn, args, kwargs)
 
     def all_gather(value: Any, axis: int) -> Any:
         def one(x: Any) -> Any:
@@ -251,7 +283,7 @@ def _collectives(
         replica_id=base.replica_id,
         all_reduce=base.all_reduce,
         all_gather=all_gather,
-        merge_call=lambda fn, args, kwargs: _bind_merge(strategy, n, fn, args, kwargs),
+        merge_call=merge_call,
         devices=lambda: tuple(devices[i] for i in members),
     )
 
@@ -311,9 +343,8 @@ def _groups(inputs: list) -> list[tuple[int, ...]]:
     return [tuple(g) for g in groups.values()]
 
 
-def _trace_all(strategy, cdo, fn, inputs, groups, devices) -> list[_Traced]:
+def _trace_all(strategy, cdo, fn, inputs, groups, devices, gathers: _Gathers) -> list[_Traced]:
     """Every group's jaxpr, traced again while all_gather lengths are being learnt."""
-    gathers = _Gathers(len(inputs))
     for _ in range(MAX_PASSES):
         traced, error = [], None
         for members in groups:
@@ -331,14 +362,21 @@ def _trace_all(strategy, cdo, fn, inputs, groups, devices) -> list[_Traced]:
 def trace(strategy: Any, cdo: Any, fn: Callable, inputs: list, devices: tuple) -> tuple:
     """Every replica's outputs of ``fn`` on its ``(args, kwargs)`` in ``inputs``, in the
     caller's trace; also the ids of outputs that are one value for every replica."""
-    groups = _groups(inputs)
-    traced = _trace_all(strategy, cdo, fn, inputs, groups, devices)
-    invariant: dict[int, Any] = {}
-    n = len(inputs)
-    stage_one = [t.trace for t in traced]
-    plan = _lockstep.Groups(n, groups, _run_merge(strategy, n, groups, invariant, stage_one))
-    results = _lockstep.run(plan, [t.jaxpr for t in traced], [t.args for t in traced])
-    outs: list = [None] * len(inputs)
+    groups, n = _groups(inputs), len(inputs)
+    learnt = _Gathers(n)
+    for _ in range(MAX_PASSES):
+        traced = _trace_all(strategy, cdo, fn, inputs, groups, devices, learnt)
+        invariant: dict[int, Any] = {}
+        merge = _run_merge(strategy, n, groups, invariant, [t.trace for t in traced])
+        try:
+            plan = _lockstep.Groups(n, groups, merge)
+            results = _lockstep.run(plan, [t.jaxpr for t in traced], [t.args for t in traced])
+            break
+        except _MergeShapes as e:  # a merge_fn's result shapes depend on every replica's
+            learnt.merges[e.index] = e.shapes
+    else:
+        raise RuntimeError(f"A partial-batch step was traced {MAX_PASSES} times without settling.")
+    outs: list = [None] * n
     for t, members, values in zip(traced, groups, results):
         split = [_lockstep.rows(v, len(members)) for v in values]
         for j, i in enumerate(members):

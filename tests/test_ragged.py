@@ -150,3 +150,21 @@ def test_values_differing_in_a_non_batch_axis_go_into_jax_jit(jitted):
     )
     assert local(s, run(made)) == [1.0, 1.0]
     assert [v.shape for v in made.values] == [(2, 2), (2, 3)]
+
+
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
+def test_a_merge_fn_result_shaped_by_every_replica(jitted):
+    """merge_fn may return what depends on every replica's shape (a gather of a partial
+    batch); the step is traced again with the shapes it returned."""
+    s = jd.MirroredStrategy([f"/cpu:{i}" for i in range(4)])
+    data = np.arange(7, dtype=np.float32)
+    x = next(iter(s.experimental_distribute_dataset([data])))
+
+    def step(x):
+        merge = lambda st, v: st.gather(v, axis=0)  # noqa: E731
+        return jd.get_replica_context().merge_call(merge, args=(x,)) * 2.0
+
+    run = (
+        jax.jit(lambda x: s.run(step, args=(x,))) if jitted else (lambda x: s.run(step, args=(x,)))
+    )
+    assert local(s, run(x)) == [(data * 2).tolist()] * 4
