@@ -68,13 +68,15 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
     """
     devices = replicas.strings()
     traced = _compile.tracing() or any(is_tracer(x) for x in jax.tree.leaves((args, kwargs)))
-    if replicas.multi_process:
-        if traced:
-            raise NotImplementedError(
-                "A partial batch across several workers cannot be traced inside jax.jit; run "
-                "that step outside jax.jit, or make every global batch divisible by "
-                "num_replicas_in_sync."
-            )
+    if replicas.multi_process and traced and any(
+        is_distributed(v) and parts(v) is not None
+        for v in jax.tree.leaves((args, kwargs), is_leaf=is_distributed)
+    ):
+        raise NotImplementedError(
+            "Per-replica values of different shapes other than partial batches cannot be "
+            "traced across workers inside jax.jit; give every replica arrays of the same shape."
+        )
+    if replicas.multi_process and not traced:
         args, kwargs = jax.tree.map(
             lambda v: _everywhere(v, replicas) if is_distributed(v) else v,
             (args, kwargs),

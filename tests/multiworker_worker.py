@@ -131,13 +131,19 @@ def ragged(s, jd, timeout):
         ctx = jd.get_replica_context()
         return ctx.all_reduce("SUM", jnp.sum(x)), jnp.int32(x.shape[0])
 
+    import jax
+
+    jitted = jax.jit(lambda x: s.run(step, args=(x,)))
     out = []
     for x in s.experimental_distribute_dataset(data):
         total, rows = s.run(step, args=(x,))
+        jit_total, jit_rows = jitted(x)  # a partial batch across workers inside jax.jit
         out.append(
             {
                 "local_rows": [np.asarray(v).tolist() for v in s.experimental_local_results(x)],
                 "all_reduce": [float(v) for v in s.experimental_local_results(total)],
+                "jit_all_reduce": [float(v) for v in s.experimental_local_results(jit_total)],
+                "jit_rows": [int(v) for v in s.experimental_local_results(jit_rows)],
                 "mean_axis0": float(s.reduce("MEAN", x, axis=0)),
                 "sum_axis0": float(s.reduce("SUM", x, axis=0)),
                 "rows": int(s.reduce("SUM", rows, axis=None)),

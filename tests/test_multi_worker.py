@@ -225,7 +225,7 @@ def test_partial_batches_across_workers_give_tfs_answers():
     for steps in (results[("worker", 0)], results[("worker", 1)]):
         assert len(steps) == len(tf_steps)
         for ours, tf in zip(steps, tf_steps):
-            assert ours["all_reduce"] == [tf["all_reduce"]] * 2
+            assert ours["all_reduce"] == ours["jit_all_reduce"] == [tf["all_reduce"]] * 2
             assert ours["mean_axis0"] == pytest.approx(tf["mean_axis0"])
             assert ours["sum_axis0"] == pytest.approx(tf["sum_axis0"])
             assert ours["gather"] == tf["gather"]
@@ -233,6 +233,9 @@ def test_partial_batches_across_workers_give_tfs_answers():
     assert sorted(x for r in rows for x in r) == list(range(14))  # every row exactly once
     assert [len(r) for r in results[("worker", 1)][0]["local_rows"]] == [2, 0]  # [2, 2, 2, 0]
     assert [s["rows"] for s in results[("worker", 0)]] == [6, 6, 2]
+    jit_rows = [step["jit_rows"] for w in (0, 1) for step in results[("worker", w)]]
+    local = [[len(r) for r in step["local_rows"]] for w in (0, 1) for step in results[("worker", w)]]
+    assert jit_rows == local  # each replica's own row count, inside jax.jit too
 
 
 @pytest.mark.parametrize("devices", [2, 4], ids=["2x2", "2x4"])
