@@ -26,6 +26,7 @@ import jax
 import numpy as np
 
 from jaxdist._devices import Replicas
+from jaxdist._reduce import all_rows
 from jaxdist._values import from_padded, from_parts, from_shaped, from_stacked
 
 EMPTY = object()
@@ -335,21 +336,21 @@ class Placer:
         if len({(x.shape, x.dtype) for x in c}) == 1:
             return from_stacked(self._stack(c))
         if batched and len({(x.shape[1:], x.dtype) for x in c}) == 1:  # only batch sizes differ
-            size = max(x.shape[0] for x in c)
+            lengths = self._global_lengths([len(x) for x in c])
+            size = max(lengths)
             rows = [
                 np.concatenate([x, np.zeros((size - len(x), *x.shape[1:]), x.dtype)]) for x in c
             ]
-            return from_padded(self._stack(rows), self._global_lengths([len(x) for x in c]))
+            return from_padded(self._stack(rows), lengths)
         return self._put_parts([c])[0]
 
     def _global_lengths(self, local_lengths: list) -> list:
-        """Every replica's length (this process knows its own; the others' are unknown here)."""
+        """Every replica's length: this process knows its own replicas'; across workers, one
+        all-gather of the lengths (every worker places the same step, so all take part)."""
         if not self.multi_process:
             return local_lengths
-        raise NotImplementedError(
-            "Per-replica batches of different sizes from distribute_datasets_from_function "
-            "are not supported across several workers; make every worker's batches the same size."
-        )
+        mine = from_stacked(self._stack([np.asarray(k, np.int32) for k in local_lengths]))
+        return [int(k) for k in np.asarray(all_rows(self.replicas, mine))]
 
     def _stack(self, column: list) -> jax.Array:
         shape = (self.n, *column[0].shape)

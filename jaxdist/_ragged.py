@@ -68,9 +68,13 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
     """
     devices = replicas.strings()
     traced = _compile.tracing() or any(is_tracer(x) for x in jax.tree.leaves((args, kwargs)))
-    if replicas.multi_process and traced and any(
-        is_distributed(v) and parts(v) is not None
-        for v in jax.tree.leaves((args, kwargs), is_leaf=is_distributed)
+    if (
+        replicas.multi_process
+        and traced
+        and any(
+            is_distributed(v) and parts(v) is not None
+            for v in jax.tree.leaves((args, kwargs), is_leaf=is_distributed)
+        )
     ):
         raise NotImplementedError(
             "Per-replica values of different shapes other than partial batches cannot be "

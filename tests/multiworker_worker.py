@@ -276,9 +276,47 @@ def no_fetch(s, jd, timeout):
     }
 
 
+def ragged_fn(s, jd, timeout):
+    """distribute_datasets_from_function with batches of different sizes within a worker:
+    worker w's replicas get [100w, 100w + 1, 100w + 2] and [100w + 50]."""
+    import jax
+    import jax.numpy as jnp
+
+    def dataset_fn(ctx):
+        start = 100 * ctx.input_pipeline_id
+        return [np.arange(start, start + 3, dtype=np.float32), np.float32([start + 50])]
+
+    def step(x):
+        ctx = jd.get_replica_context()
+        total = ctx.all_reduce("SUM", jnp.sum(x))
+        grad = jax.grad(lambda w: ctx.all_reduce("SUM", jnp.sum(x * w)))(jnp.float32(1.0))
+        return total, grad, jnp.int32(x.shape[0])
+
+    jitted = jax.jit(lambda x: s.run(step, args=(x,)))
+    out = []
+    for x in s.distribute_datasets_from_function(dataset_fn):
+        local = lambda v: [float(a) for a in s.experimental_local_results(v)]  # noqa: E731
+        total, grad, rows = s.run(step, args=(x,))
+        jit_total, jit_grad, _ = jitted(x)
+        out.append(
+            {
+                "local_rows": [np.asarray(v).tolist() for v in s.experimental_local_results(x)],
+                "all_reduce": local(total),
+                "jit_all_reduce": local(jit_total),
+                "grad": local(grad),
+                "jit_grad": local(jit_grad),
+                "rows": local(rows),
+                "sum_axis0": float(s.reduce("SUM", x, axis=0)),
+                "gather": s.gather(x, axis=0).tolist(),
+            }
+        )
+    return out
+
+
 SCENARIOS = {
     "no_fetch": no_fetch,
     "ragged": ragged,
+    "ragged_fn": ragged_fn,
     "tutorial": tutorial,
     "stall": stall,
     "scale": scale,

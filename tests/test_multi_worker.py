@@ -234,8 +234,27 @@ def test_partial_batches_across_workers_give_tfs_answers():
     assert [len(r) for r in results[("worker", 1)][0]["local_rows"]] == [2, 0]  # [2, 2, 2, 0]
     assert [s["rows"] for s in results[("worker", 0)]] == [6, 6, 2]
     jit_rows = [step["jit_rows"] for w in (0, 1) for step in results[("worker", w)]]
-    local = [[len(r) for r in step["local_rows"]] for w in (0, 1) for step in results[("worker", w)]]
+    local = [
+        [len(r) for r in step["local_rows"]] for w in (0, 1) for step in results[("worker", w)]
+    ]
     assert jit_rows == local  # each replica's own row count, inside jax.jit too
+
+
+def test_batches_of_different_sizes_from_a_dataset_function_across_workers():
+    """Issue 19: 2 workers x 2 devices, each worker's replicas get 3 and 1 rows. Every
+    replica's collectives see all four (eagerly and inside jax.jit); the gradient of an
+    all-reduce is the all-reduce of the cotangents (4 replicas) times the replica's sum."""
+    results = _results(_run_all({"worker": 2}, "ragged_fn"))
+    rows = {0: [[0.0, 1.0, 2.0], [50.0]], 1: [[100.0, 101.0, 102.0], [150.0]]}
+    every = [x for w in (0, 1) for r in rows[w] for x in r]
+    for w in (0, 1):
+        (step,) = results[("worker", w)]
+        assert step["local_rows"] == rows[w]
+        assert step["all_reduce"] == step["jit_all_reduce"] == [sum(every)] * 2
+        assert step["grad"] == step["jit_grad"] == [4.0 * sum(r) for r in rows[w]]
+        assert step["rows"] == [3.0, 1.0]
+        assert step["sum_axis0"] == sum(every)
+        assert step["gather"] == every
 
 
 @pytest.mark.parametrize("devices", [2, 4], ids=["2x2", "2x4"])
