@@ -143,6 +143,12 @@ def worker(idx, outpath, local):
                        tf.data.Dataset.range(14).shard(c.num_input_pipelines, c.input_pipeline_id).batch(c.get_per_replica_batch_size(6)))[1])),
             "input_contexts": seen})([]))
 
+    rec("uneven_dsfn",
+        "dd=s.distribute_datasets_from_function(lambda ctx: range(6 if worker 0 else 2).batch(2)): the workers' datasets "
+        "end at different steps (worker 0: 3 batches, worker 1: 1); steps as above (issue 19)",
+        lambda: steps(s.distribute_datasets_from_function(
+            lambda c: tf.data.Dataset.range(6 if c.input_pipeline_id == 0 else 2).batch(2))))
+
     @tf.function
     def loop_sum(dd):
         total = tf.constant(0.)
