@@ -168,3 +168,23 @@ def test_a_merge_fn_result_shaped_by_every_replica(jitted):
         jax.jit(lambda x: s.run(step, args=(x,))) if jitted else (lambda x: s.run(step, args=(x,)))
     )
     assert local(s, run(x)) == [(data * 2).tolist()] * 4
+
+
+def test_a_partial_batch_step_is_traced_once_per_shape_of_replica():
+    """Replicas of one shape are traced together, whatever the number of collectives (the
+    replay traced a step once per collective more), and compiled once per pattern."""
+    s = jd.MirroredStrategy([f"/cpu:{i}" for i in range(4)])
+    _, x = partial_batch(s)  # [2, 2, 2, 1]
+    calls = []
+
+    def traced(x):
+        calls.append(x.shape)
+        ctx = jd.get_replica_context()
+        for _ in range(5):
+            x = x + ctx.all_reduce("SUM", jnp.sum(x))
+        return x
+
+    s.run(traced, args=(x,))
+    assert sorted(calls) == [(1, 3), (2, 3)]
+    s.run(traced, args=(x,))
+    assert len(calls) == 2  # compiled once for this pattern of replica shapes
