@@ -285,13 +285,19 @@ def combine(groups: Groups, name: str, requests: list) -> list[list[Value]]:
 
 
 def _check_shapes(groups: Groups, column: Sequence[Value], name: str) -> None:
-    shapes = [jnp.shape(x)[1:] if b else jnp.shape(x) for x, b in column]
-    if len(set(shapes)) != 1:
-        raise RuntimeError(
-            f"In a partial-batch step, lax.{name} over jd.AXIS (and ReplicaContext.all_reduce) "
-            "needs the same shape on every replica; the replicas' shapes were "
-            f"{[tuple(s) for s in shapes]} (by group of same-shaped replicas)."
-        )
+    """Every replica's input to a reducing collective has one shape and dtype."""
+    got: list = [None] * groups.n
+    for (x, batched), members in zip(column, groups.members):
+        shape, dtype = jnp.shape(x)[1:] if batched else jnp.shape(x), jnp.result_type(x)
+        for i in members:
+            got[i] = f"{dtype}{list(shape)}"
+    for i, g in enumerate(got):
+        if g != got[0]:
+            raise ValueError(
+                f"ReplicaContext.all_reduce (lax.{name} over jd.AXIS) needs the same shape and "
+                f"dtype on every replica (TF fails on a shape mismatch too); replica 0 gave "
+                f"{got[0]} and replica {i} gave {g}."
+            )
 
 
 def _reduce(groups: Groups, name: str, column: Sequence[Value]) -> Any:
