@@ -219,9 +219,10 @@ def _merge_outputs(columns: list, same: list, members: tuple, invariant: dict) -
 # -- stage 1: one jaxpr per group of same-shaped replicas ---------------------------------------
 
 
-class _Gathers:
-    """The lengths along the gathered axis of each `ReplicaContext.all_gather` (in call
-    order), learnt from every group's trace; ``guessed`` says a trace went on without them."""
+class _Learnt:
+    """What one group's trace cannot know and another's gives: the lengths along the
+    gathered axis of each `ReplicaContext.all_gather` (in call order; ``guessed`` says a
+    trace went on without them), and each `merge_call`'s result shapes per replica."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -262,7 +263,7 @@ class _Traced(NamedTuple):
 
 
 def _collectives(
-    strategy: Any, cdo: Any, n: int, members: tuple, gathers: _Gathers, devices: tuple
+    strategy: Any, cdo: Any, n: int, members: tuple, gathers: _Learnt, devices: tuple
 ) -> Collectives:
     base, _ = compiled_collectives(strategy, cdo, n)
     count, merges = [0], [0]
@@ -295,7 +296,7 @@ def trace_group(
     inputs: list,
     members: tuple,
     devices: tuple,
-    gathers: _Gathers,
+    gathers: _Learnt,
 ) -> _Traced:
     """One replica of a group traced to a jaxpr, and the group's arguments."""
     flat = [jax.tree.flatten(inputs[i]) for i in members]
@@ -343,7 +344,7 @@ def _groups(inputs: list) -> list[tuple[int, ...]]:
     return [tuple(g) for g in groups.values()]
 
 
-def _trace_all(strategy, cdo, fn, inputs, groups, devices, gathers: _Gathers) -> list[_Traced]:
+def _trace_all(strategy, cdo, fn, inputs, groups, devices, gathers: _Learnt) -> list[_Traced]:
     """Every group's jaxpr, traced again while all_gather lengths are being learnt."""
     for _ in range(MAX_PASSES):
         traced, error = [], None
@@ -363,7 +364,7 @@ def trace(strategy: Any, cdo: Any, fn: Callable, inputs: list, devices: tuple) -
     """Every replica's outputs of ``fn`` on its ``(args, kwargs)`` in ``inputs``, in the
     caller's trace; also the ids of outputs that are one value for every replica."""
     groups, n = _groups(inputs), len(inputs)
-    learnt = _Gathers(n)
+    learnt = _Learnt(n)
     for _ in range(MAX_PASSES):
         traced = _trace_all(strategy, cdo, fn, inputs, groups, devices, learnt)
         invariant: dict[int, Any] = {}
