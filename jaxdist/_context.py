@@ -20,6 +20,8 @@ import enum
 from collections.abc import Iterator
 from typing import Any
 
+from jaxdist import _integrations
+
 
 class Mode(enum.Enum):
     DEFAULT = "default"
@@ -53,6 +55,13 @@ class ScopeEntry:
 
     before: State
     closed: bool = False
+    hooks: contextlib.ExitStack | None = None
+
+    def close_hooks(self) -> None:
+        """Exits the integrations' parts of the scope (`_integrations`), once."""
+        hooks, self.hooks = self.hooks, None
+        if hooks is not None:
+            hooks.close()
 
 
 _STATE: contextvars.ContextVar[State] = contextvars.ContextVar("jaxdist_state", default=State())
@@ -90,8 +99,13 @@ class Scope:
     def __enter__(self) -> Any:
         state = scope_state(self._strategy)
         entry = ScopeEntry(before=current())
-        self._entries.append(entry)
         _STATE.set(dataclasses.replace(state, scopes=(*state.scopes, entry)))
+        try:  # optional libraries in use (Keras) get the scope too: `_integrations`
+            entry.hooks = _integrations.enter_scope(self._strategy)
+        except BaseException:
+            _STATE.set(entry.before)
+            raise
+        self._entries.append(entry)
         return self._strategy
 
     def __exit__(self, *exc: Any) -> None:
@@ -102,7 +116,10 @@ class Scope:
         entry = self._entries.pop()
         open_ = current().scopes
         if open_ and open_[-1] is entry:
-            _STATE.set(_before(entry))
+            try:
+                entry.close_hooks()
+            finally:
+                _STATE.set(_before(entry))
             return
         if not any(e is entry for e in open_):
             self._entries.append(entry)  # still open where it was entered: exit it there
@@ -112,6 +129,7 @@ class Scope:
                 "was entered."
             )
         entry.closed = True
+        entry.close_hooks()
         raise RuntimeError(
             f"{self._strategy!r}.scope() was exited while a scope entered after it is "
             "still open; exit scopes innermost first (as `with` blocks do). It is now "

@@ -69,7 +69,13 @@ def _private_names_defined(tree):
     return {n for n in names if isinstance(n, str) and n.startswith("_")}
 
 
-ALLOWED = {"os._exit"}  # the standard library's documented private-looking names
+ALLOWED = {
+    "os._exit",  # the standard library's documented private-looking names
+    # Keras' private API, named in jaxdist/_keras.py's docstring, pinned in pyproject.toml
+    # (keras>=3.10,<3.16) and covered by tests/test_keras.py: the metric update of Keras' own
+    # JAX train_step / test_step.
+    "model._update_metrics_variables",
+}
 
 
 def test_no_module_reads_another_modules_private_attributes():

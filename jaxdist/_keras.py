@@ -1,0 +1,216 @@
+"""Keras 3 (JAX backend) under a jaxdist strategy: the only module that knows Keras.
+
+Loaded lazily by `jaxdist._integrations` the first time a ``strategy.scope()`` is
+entered while Keras is imported; ``import jaxdist`` never imports it.
+
+Variables. Inside a scope the Keras distribution hook (``keras.distribution``,
+public) is a `StrategyDistribution`: every variable Keras creates there (model,
+optimizer, metric) is placed replicated on the strategy's replica devices (one
+device for `OneDeviceStrategy`), and remembered as the strategy's, so the model
+knows its strategy outside the scope too (TF's ``model.distribute_strategy``).
+
+Training. Keras' JAX trainer keeps state as explicit lists of arrays and calls
+``model.train_function(state, iterator)``; for a model whose variables belong to
+a strategy, `make_train_function` / `make_test_function` / `make_predict_function`
+build that function here (`jaxdist._keras_steps`), running Keras' stateless
+methods per replica through ``strategy.run`` TF's way. These three methods are
+patched on ``keras.Model`` once, when this module loads; models without a
+strategy keep Keras' own functions.
+
+Private Keras API used (covered by tests/test_keras.py, Keras pinned to the
+range `SUPPORTED`): the ``train_function``/``test_function``/``predict_function``
+protocol of ``keras/src/backend/jax/trainer.py`` (``(state, iterator) -> (logs,
+state)``) and ``Model._update_metrics_variables`` (the metric update Keras' own
+JAX ``train_step`` makes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import keras
+
+from jaxdist import _keras_steps
+
+SUPPORTED = ((3, 10), (3, 16))
+"""Keras versions this module is written against: ``>= 3.10, < 3.16``."""
+
+_OWNER: dict[int, Any] = {}
+"""``id(variable)`` -> the strategy whose scope created it (held as long as the variable lives,
+as a TF model holds its ``distribute_strategy``)."""
+
+_DISTRIBUTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PATCHED: dict[str, Any] = {}
+
+
+def _version() -> tuple[int, int]:
+    major, minor = keras.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def check_keras() -> None:
+    """Raises unless Keras runs on the JAX backend at a supported version."""
+    backend = keras.backend.backend()
+    if backend != "jax":
+        raise RuntimeError(
+            f"jaxdist runs Keras on the JAX backend only, but Keras' backend is {backend!r}. "
+            "Set the environment variable KERAS_BACKEND=jax before Keras is imported "
+            f"(KERAS_BACKEND is {os.environ.get('KERAS_BACKEND')!r})."
+        )
+    lo, hi = SUPPORTED
+    if not lo <= _version() < hi:
+        raise RuntimeError(
+            f"jaxdist supports Keras >= {lo[0]}.{lo[1]}, < {hi[0]}.{hi[1]}; Keras "
+            f"{keras.__version__} is installed. Install a supported one: "
+            "pip install 'jaxdist[keras]'."
+        )
+
+
+class _OneDeviceLayout(keras.distribution.TensorLayout):
+    """A data layout that keeps a host batch on one device (the step splits it TF's way)."""
+
+    def __init__(self, sharding: jax.sharding.Sharding) -> None:
+        super().__init__([None])
+        self.sharding = sharding
+
+    @property
+    def backend_layout(self) -> jax.sharding.Sharding:
+        return self.sharding
+
+
+class StrategyDistribution(keras.distribution.DataParallel):
+    """Keras' distribution hook for a jaxdist strategy's scope.
+
+    Variables are replicated on the strategy's replica devices (mirrored, as TF's
+    ``MirroredVariable``); input batches stay whole on the first replica device,
+    for the strategy's own split; intermediate tensors keep their layout.
+    """
+
+    def __init__(self, strategy: Any) -> None:
+        devices = list(strategy.extended.replicas.devices)
+        mesh = keras.distribution.DeviceMesh((len(devices),), ["batch"], devices=devices)
+        super().__init__(device_mesh=mesh, auto_shard_dataset=False)
+        self.strategy_ref = weakref.ref(strategy)
+        self.variable_sharding = _keras_steps.variable_sharding(strategy)
+        self.data_layout = _OneDeviceLayout(jax.sharding.SingleDeviceSharding(devices[0]))
+
+    def get_variable_layout(self, variable: Any) -> jax.sharding.Sharding:
+        key = id(variable)
+        _OWNER[key] = self.strategy_ref()
+        weakref.finalize(variable, _OWNER.pop, key, None)
+        return self.variable_sharding
+
+    def get_data_layout(self, data_shape: Any) -> keras.distribution.TensorLayout:
+        return self.data_layout
+
+    def get_tensor_layout(self, path: str) -> None:
+        return None
+
+    def distribute_dataset(self, dataset: Any) -> Any:
+        return dataset
+
+
+@contextlib.contextmanager
+def enter_scope(strategy: Any) -> Iterator[None]:
+    """``strategy.scope()``'s Keras part: Keras variables created in it are the strategy's."""
+    check_keras()
+    _install()
+    dist = _DISTRIBUTIONS.get(strategy)
+    if dist is None:
+        dist = _DISTRIBUTIONS[strategy] = StrategyDistribution(strategy)
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(dist)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(previous)
+
+
+def strategy_of(model: Any) -> Any:
+    """The strategy whose scope created ``model``'s variables, or None (Keras' own path).
+
+    Raises:
+        RuntimeError: some of the variables belong to another strategy, or were
+            created outside any scope while the others were created in one.
+    """
+    owners = {}
+    for v in model.variables:
+        owners[v.path] = _OWNER.get(id(v))
+    found = {id(s): s for s in owners.values() if s is not None}
+    if not found:
+        return None
+    if len(found) > 1 or None in owners.values():
+        stray = [p for p, s in owners.items() if s is None][:3]
+        raise RuntimeError(
+            "The variables of this Keras model belong to different strategies "
+            f"({list(found.values())!r}; created outside any scope: {stray}). Build, compile "
+            "and train the model with one strategy: create it (layers, optimizer, metrics) "
+            "inside that strategy's scope()."
+        )
+    return next(iter(found.values()))
+
+
+def _install() -> None:
+    """Patches Keras' step-function factories once (see the module docstring)."""
+    if _PATCHED:
+        return
+    for kind in ("train", "test", "predict"):
+        name = f"make_{kind}_function"
+        _PATCHED[name] = original = getattr(keras.Model, name)
+        setattr(keras.Model, name, _make_factory(kind, original))
+        name = f"{kind}_on_batch"
+        _PATCHED[name] = original = getattr(keras.Model, name)
+        setattr(keras.Model, name, _on_batch(original))
+
+
+def _check_no_scope(model: Any, kind: str) -> None:
+    current = keras.distribution.distribution()
+    if isinstance(current, StrategyDistribution):
+        raise RuntimeError(
+            f"{type(model).__name__} {model.name!r} was built outside any strategy.scope(), "
+            f"and its {kind} step is called inside the scope of {current.strategy_ref()!r}. "
+            "Create the model (layers, optimizer, compile) inside that scope, as with TF's "
+            "tf.distribute, or call it outside the scope to run on one device."
+        )
+
+
+def _on_batch(original: Any) -> Any:
+    def on_batch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if strategy_of(self) is None:
+            return original(self, *args, **kwargs)
+        with _keras_steps.whole_batch():
+            return original(self, *args, **kwargs)
+
+    on_batch.__name__ = original.__name__
+    on_batch.__doc__ = original.__doc__
+    return on_batch
+
+
+def _make_factory(kind: str, original: Any) -> Any:
+    attr = f"{kind}_function"
+
+    def make_function(self: Any, force: bool = False) -> Any:
+        strategy = strategy_of(self)
+        if strategy is None:
+            _check_no_scope(self, kind)
+            return original(self, force)
+        with strategy.scope():  # TF's error when called in another strategy's scope
+            pass
+        current = getattr(self, attr, None)
+        if current is not None and not force and _keras_steps.is_for(current, strategy):
+            return current
+        fn = _keras_steps.make_function(self, strategy, kind)
+        setattr(self, attr, fn)
+        return fn
+
+    make_function.__name__ = f"make_{kind}_function"
+    make_function.__doc__ = (
+        f"Keras' ``make_{kind}_function``; for a model built in a jaxdist scope, the "
+        "strategy's data-parallel step (jaxdist._keras)."
+    )
+    return make_function

@@ -1,0 +1,262 @@
+"""The data-parallel ``train_function`` / ``test_function`` / ``predict_function`` of a Keras
+model built in a strategy's scope, TF's way (see `jaxdist._keras`).
+
+Each step is one `jax.jit` program around ``strategy.run``: every replica runs
+Keras' own stateless methods on its slice of the global batch (split as TF
+splits it by ``strategy.experimental_distribute_dataset``, partial batches
+included), and the replicas' results are combined as ``tf.distribute`` combines
+a Keras model's under ``MirroredStrategy``:
+
+* loss: each replica's loss (the mean over its own slice) is scaled by
+  ``1 / num_replicas_in_sync`` (Keras' ``scale_loss_for_distribution`` on the TF
+  backend), and the gradients are all-reduced with SUM before the optimizer
+  applies them, identically on every replica;
+* metrics (the loss tracker included) count every example: each replica updates
+  Keras' metric state with its slice and the updates are summed (TF's metric
+  variables are SUM-aggregated on read);
+* non-trainable variables follow their ``aggregation``: ``"none"`` (batch-norm
+  moving statistics, seed states) is kept per replica, as TF's mirrored variables
+  are updated by each replica on its own device; the Keras variable holds replica
+  0's copy (TF's primary), and the other copies are kept here while the variable
+  still holds the value this step gave it (an assignment from outside sets every
+  copy again); ``"mean"``/``"sum"`` are all-reduced; ``"only_first_replica"``
+  takes replica 0's.
+
+One all-reduce per step carries gradients, metric updates and aggregated
+variables. The program is traced once per input signature (a full batch and a
+partial batch are two); `traces` counts it. Its dispatches stay under the
+in-flight bound (`jaxdist._inflight`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+
+from jaxdist import _inflight
+from jaxdist._default import get_replica_context
+from jaxdist._options import InputOptions
+from jaxdist._reduce_op import ReduceOp
+
+_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""model -> (the primaries of its per-replica variables, as last returned; all replicas' copies)."""
+
+_WHOLE_BATCH: contextvars.ContextVar[bool] = contextvars.ContextVar("keras_whole", default=False)
+
+_NO_READ_AHEAD = InputOptions(experimental_per_replica_buffer_size=0)
+
+
+@contextlib.contextmanager
+def whole_batch() -> Iterator[None]:
+    """``train_on_batch`` & co.: every replica gets the whole batch, as TF's Keras trainer
+    passes the batch to ``strategy.run`` undistributed (so the loss scaled by ``1 / replicas``
+    and summed gives the batch's mean, and batch norm sees the whole batch)."""
+    token = _WHOLE_BATCH.set(True)
+    try:
+        yield
+    finally:
+        _WHOLE_BATCH.reset(token)
+
+
+def is_for(fn: Any, strategy: Any) -> bool:
+    """Whether ``fn`` is a step function of this module built for ``strategy``."""
+    return isinstance(fn, StepFunction) and fn.strategy is strategy
+
+
+def make_function(model: Any, strategy: Any, kind: str) -> StepFunction:
+    """``model.<kind>_function`` for a model of ``strategy`` (kind: train, test, predict)."""
+    _check_overrides(model, kind)
+    return StepFunction(model, strategy, kind)
+
+
+def _check_overrides(model: Any, kind: str) -> None:
+    name = f"{kind}_step"
+    if getattr(type(model), name) is not getattr(keras.Model, name):
+        raise NotImplementedError(
+            f"{type(model).__name__} overrides {name}; under a jaxdist strategy model.fit/"
+            "evaluate/predict run Keras' own steps per replica. Write the loop yourself "
+            "(README, 'Keras': custom training loops with stateless_call and strategy.run)."
+        )
+
+
+class StepFunction:
+    """``(state, iterator) -> (outputs, state)``, Keras' JAX step-function protocol."""
+
+    def __init__(self, model: Any, strategy: Any, kind: str) -> None:
+        self.model_ref = weakref.ref(model)
+        self.strategy = strategy
+        self.kind = kind
+        self.traces = 0
+        self.layout = _Layout(model, strategy)
+        self._source: Any = None
+        self._returned: Any = None
+        self._batches: Any = None
+        self._jitted = jax.jit(self._program, static_argnums=3)
+
+    def model(self) -> Any:
+        model = self.model_ref()
+        if model is None:
+            raise ReferenceError(f"the Keras model of this {self.kind}_function was deleted")
+        return model
+
+    def __call__(self, state: Any, iterator: Any) -> tuple[Any, Any]:
+        model = self.model()
+        outputs = []
+        with self.strategy.scope():
+            for i in range(max(1, int(model.steps_per_execution))):
+                try:
+                    batch = self._next(iterator)
+                except StopIteration:
+                    if i == 0:
+                        raise
+                    break
+                out, state = self._one(state, batch)
+                outputs.append(out)
+        if self.kind == "predict":
+            return jax.tree.map(lambda *xs: jnp.concatenate(xs), *outputs), state
+        return outputs[-1], state
+
+    def _next(self, iterator: Any) -> Any:
+        if _WHOLE_BATCH.get():  # replicated: every replica reads the whole batch
+            return jax.device_put(next(iterator), self.layout.sharding)
+        source = None if self._source is None else self._source()
+        if source is not iterator:
+            ds = self.strategy.experimental_distribute_dataset(iterator, options=_NO_READ_AHEAD)
+            self._batches = iter(ds)
+            self._source = weakref.ref(iterator)
+        return next(self._batches)
+
+    def _one(self, state: Any, batch: Any) -> tuple[Any, Any]:
+        if state is not self._returned:  # Keras' variables: some may have been built outside
+            state = jax.device_put(tuple(list(s) for s in state), self.layout.sharding)
+        copies = self._copies_for(state)
+        outputs, state, copies, marker = self._jitted(state, copies, batch, _WHOLE_BATCH.get())
+        _inflight.throttle(marker, f"model.{self.kind}")
+        _COPIES[self.model()] = (tuple(state[1][i] for i in self.layout.own), copies)
+        self._returned = state
+        return outputs, state
+
+    def _copies_for(self, state: Any) -> tuple:
+        own = self.layout.own
+        primaries, copies = _COPIES.get(self.model(), ((), ()))
+        if len(primaries) == len(own) and all(state[1][i] is p for i, p in zip(own, primaries)):
+            return copies
+        n = self.strategy.num_replicas_in_sync
+        return tuple(jnp.broadcast_to(state[1][i], (n, *state[1][i].shape)) for i in own)
+
+    def _program(self, state: Any, copies: tuple, batch: Any, whole: bool) -> tuple:
+        self.traces += 1
+        s = self.strategy
+        outputs, state, copies = s.run(self._replica, args=(state, copies, batch))
+        first = s.experimental_local_results
+        if self.kind == "predict" and not whole:
+            outputs = s.gather(outputs, axis=0)
+        else:
+            outputs = first(outputs)[0]
+        state = self.layout.place(first(state)[0])
+        copies = self.layout.place(tuple(s.gather(c, axis=0) for c in copies))
+        return outputs, state, copies, jnp.zeros(())
+
+    def _replica(self, state: Any, copies: tuple, data: Any) -> tuple:
+        ctx = get_replica_context()
+        model = self.model()
+        state = self.layout.with_copies(state, copies, ctx)
+        x, y, sw = keras.utils.unpack_x_y_sample_weight(data)
+        if self.kind == "predict":
+            y_pred, ntv = model.predict_step(state, data)
+            return y_pred, (state[0], ntv), self.layout.own_copies(ntv)
+        if self.kind == "train":
+            return _train(model, ctx, self.layout, state, x, y, sw)
+        return _test(model, ctx, self.layout, state, x, y, sw)
+
+
+def _train(model: Any, ctx: Any, layout: _Layout, state: Any, x: Any, y: Any, sw: Any) -> tuple:
+    tv, ntv, ov, mv = state
+    n = ctx.num_replicas_in_sync
+
+    def loss_fn(tv: Any) -> tuple:
+        loss, aux = model.compute_loss_and_updates(
+            tv, ntv, mv, x, y, sw, training=True, optimizer_variables=ov
+        )
+        return loss / n, aux  # TF: each replica's loss scaled by 1 / replicas
+
+    (_, (unscaled, y_pred, new_ntv, new_mv)), grads = jax.value_and_grad(loss_fn, has_aux=True)(tv)
+    # Private Keras API: the metric update of Keras' own JAX train_step.
+    _, new_mv = model._update_metrics_variables(new_mv, unscaled, x, y, y_pred, sw)
+    grads, new_mv, new_ntv = layout.combine(ctx, mv, new_mv, new_ntv, grads)
+    tv, ov = model.optimizer.stateless_apply(ov, grads, tv)
+    logs = metrics_result(model, new_mv)
+    return logs, (tv, new_ntv, ov, new_mv), layout.own_copies(new_ntv)
+
+
+def _test(model: Any, ctx: Any, layout: _Layout, state: Any, x: Any, y: Any, sw: Any) -> tuple:
+    tv, ntv, mv = state
+    _, (unscaled, y_pred, new_ntv, new_mv) = model.compute_loss_and_updates(
+        tv, ntv, mv, x, y, sw, training=False
+    )
+    # Private Keras API: the metric update of Keras' own JAX test_step.
+    _, new_mv = model._update_metrics_variables(new_mv, unscaled, x, y, y_pred, sw)
+    _, new_mv, new_ntv = layout.combine(ctx, mv, new_mv, new_ntv, None)
+    return metrics_result(model, new_mv), (tv, new_ntv, new_mv), layout.own_copies(new_ntv)
+
+
+def metrics_result(model: Any, metrics_variables: Any) -> dict:
+    """Keras' logs (``model.get_metrics_result()``) for the given metric state."""
+    mapping = list(zip(model.metrics_variables, metrics_variables))
+    with keras.StatelessScope(state_mapping=mapping):
+        return model.get_metrics_result()
+
+
+class _Layout:
+    """Which non-trainable variables are kept per replica, all-reduced, or replica 0's."""
+
+    def __init__(self, model: Any, strategy: Any) -> None:
+        aggregation = [v.aggregation for v in model.non_trainable_variables]
+        self.own = tuple(i for i, a in enumerate(aggregation) if a == "none")
+        self.mean = tuple(i for i, a in enumerate(aggregation) if a == "mean")
+        self.sum = tuple(i for i, a in enumerate(aggregation) if a == "sum")
+        self.sharding = variable_sharding(strategy)
+
+    def with_copies(self, state: Any, copies: tuple, ctx: Any) -> Any:
+        """The replica's state: its own copies of the per-replica variables."""
+        if not self.own:
+            return state
+        rid = ctx.replica_id_in_sync_group
+        ntv = list(state[1])
+        for i, c in zip(self.own, copies):
+            ntv[i] = jax.lax.dynamic_index_in_dim(c, rid, keepdims=False)
+        return (state[0], ntv, *state[2:])
+
+    def own_copies(self, ntv: Any) -> tuple:
+        return tuple(ntv[i][None] for i in self.own)
+
+    def combine(self, ctx: Any, old_mv: Any, new_mv: Any, ntv: Any, grads: Any) -> tuple:
+        """One SUM all-reduce: gradients, metric updates, mean/sum-aggregated variables."""
+        deltas = [new - old for new, old in zip(new_mv, old_mv)]
+        agg = [ntv[i] for i in self.mean + self.sum]
+        grads, deltas, agg = ctx.all_reduce(ReduceOp.SUM, (grads, deltas, agg))
+        new_mv = [old + d for old, d in zip(old_mv, deltas)]
+        ntv = list(ntv)
+        n = ctx.num_replicas_in_sync
+        for k, i in enumerate(self.mean + self.sum):
+            ntv[i] = agg[k] / n if k < len(self.mean) else agg[k]
+        return grads, new_mv, ntv
+
+    def place(self, state: Any) -> Any:
+        """Keras' state as mirrored arrays (replicated on the replica devices)."""
+        return jax.tree.map(lambda v: jax.lax.with_sharding_constraint(v, self.sharding), state)
+
+
+def variable_sharding(strategy: Any) -> jax.sharding.Sharding:
+    """Where a variable of ``strategy`` lives: replicated on every replica device."""
+    devices = list(strategy.extended.replicas.devices)
+    mesh = jax.sharding.Mesh(np.array(devices), ("batch",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
