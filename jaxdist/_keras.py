@@ -35,7 +35,7 @@ from typing import Any
 import jax
 import keras
 
-from jaxdist import _keras_steps
+from jaxdist import _keras_steps, _keras_syncbn
 
 SUPPORTED = ((3, 10), (3, 16))
 """Keras versions this module is written against: ``>= 3.10, < 3.16``."""
@@ -159,6 +159,7 @@ def _install() -> None:
     """Patches Keras' step-function factories once (see the module docstring)."""
     if _PATCHED:
         return
+    _keras_syncbn.install()
     for kind in ("train", "test", "predict"):
         name = f"make_{kind}_function"
         _PATCHED[name] = original = getattr(keras.Model, name)
