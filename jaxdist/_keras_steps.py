@@ -100,7 +100,7 @@ class StepFunction:
         self._source: Any = None
         self._returned: Any = None
         self._batches: Any = None
-        self._jitted = jax.jit(self._program, static_argnums=3)
+        self._jitted = jax.jit(self._program, static_argnums=3, donate_argnums=(0, 1))
         self.sync_bn = kind == "train" and any(
             isinstance(layer, keras.layers.BatchNormalization) and layer.synchronized
             for layer in _layers(model)

@@ -36,8 +36,13 @@ def build(name="dense"):
     if name == "dense":
         layers = [L.Input((16,)), L.Dense(32, activation="relu"), L.Dense(2)]
     else:
-        layers = [L.Input((16,)), L.Dense(32), L.BatchNormalization(synchronized=name == "syncbn"),
-                  L.ReLU(), L.Dense(2)]
+        layers = [
+            L.Input((16,)),
+            L.Dense(32),
+            L.BatchNormalization(synchronized=name == "syncbn"),
+            L.ReLU(),
+            L.Dense(2),
+        ]
     model = keras.Sequential(layers)
     r = np.random.default_rng(1)
     for layer in model.layers:
@@ -49,9 +54,12 @@ def build(name="dense"):
 
 def compile_(model, opt="sgd", **kw):
     optimizer = keras.optimizers.SGD(0.1) if opt == "sgd" else keras.optimizers.Adam(0.01)
-    model.compile(optimizer=optimizer,
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"], **kw)
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        **kw,
+    )
     return model
 
 
@@ -87,10 +95,17 @@ SOME, SOME_IDS = (1, 4, 8), ["r1", "r4", "r8"]  # variants: fewer replica counts
 
 
 def test_import_jaxdist_does_not_import_keras():
-    code = "import sys, jaxdist; s = jaxdist.MirroredStrategy(['/cpu:0']);\n" \
-           "with s.scope(): pass\nprint('keras' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=pathlib.Path(__file__).parents[1], check=True)
+    code = (
+        "import sys, jaxdist; s = jaxdist.MirroredStrategy(['/cpu:0']);\n"
+        "with s.scope(): pass\nprint('keras' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=pathlib.Path(__file__).parents[1],
+        check=True,
+    )
     assert out.stdout.strip() == "False"
 
 
@@ -187,7 +202,7 @@ def test_fit_inside_the_scope_is_the_same(n):
 def test_python_generator_of_batches_matches_tf_data(n):
     def batches():
         for i in range(0, 250, 64):
-            yield X[i:i + 64], Y[i:i + 64]
+            yield X[i : i + 64], Y[i : i + 64]
 
     model = make(mirrored(n))
     hist = model.fit(batches(), epochs=1, verbose=0)
@@ -199,7 +214,9 @@ def test_python_generator_of_batches_matches_tf_data(n):
 @pytest.mark.parametrize("n", SOME, ids=SOME_IDS)
 def test_class_weight_matches_tf(n):
     model = make(mirrored(n))
-    check_fit(model, model.fit(X, Y, class_weight={0: 1.0, 1: 2.0}, **FIT), TF[f"dense.sgd.cw.r{n}"])
+    check_fit(
+        model, model.fit(X, Y, class_weight={0: 1.0, 1: 2.0}, **FIT), TF[f"dense.sgd.cw.r{n}"]
+    )
 
 
 @pytest.mark.parametrize("n", SOME, ids=SOME_IDS)
@@ -251,18 +268,22 @@ def custom_loop(strategy, jit):
         return strategy.run(step, args=args)
 
     run = jax.jit(run) if jit else run
-    state = ([v.value for v in model.trainable_variables],
-             [v.value for v in model.non_trainable_variables],
-             [v.value for v in optimizer.variables])
+    state = (
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables],
+        [v.value for v in optimizer.variables],
+    )
     state = strategy.run(lambda s: s, args=(state,))  # run's form: one signature from here on
-    batches = [(X[i:i + 64], Y[i:i + 64]) for i in range(0, 250, 64)]
+    batches = [(X[i : i + 64], Y[i : i + 64]) for i in range(0, 250, 64)]
     for _ in range(2):
         metric = strategy.run(lambda: [v.value * 0 for v in accuracy.variables])
         for x, y in strategy.experimental_distribute_dataset(batches):
             state, metric = run(state, metric, x, y)
         total = strategy.reduce(jd.ReduceOp.SUM, metric, axis=None)
         acc = float(accuracy.stateless_result(total))
-    for v, value in zip(model.trainable_variables, strategy.experimental_local_results(state[0])[0]):
+    for v, value in zip(
+        model.trainable_variables, strategy.experimental_local_results(state[0])[0]
+    ):
         v.assign(value)
     return model, acc
 
@@ -295,12 +316,20 @@ def test_model_built_outside_the_scope_and_fit_inside_it_is_an_error():
 
 
 def test_keras_on_another_backend_names_keras_backend_jax():
-    code = ("import jaxdist, keras\n"
-            "try:\n    with jaxdist.MirroredStrategy(['/cpu:0']).scope(): pass\n"
-            "except RuntimeError as e: print(e)\n")
+    code = (
+        "import jaxdist, keras\n"
+        "try:\n    with jaxdist.MirroredStrategy(['/cpu:0']).scope(): pass\n"
+        "except RuntimeError as e: print(e)\n"
+    )
     env = dict(os.environ, KERAS_BACKEND="numpy")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         cwd=pathlib.Path(__file__).parents[1], check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=pathlib.Path(__file__).parents[1],
+        check=True,
+    )
     assert "KERAS_BACKEND=jax" in out.stdout and "'numpy'" in out.stdout, out.stdout + out.stderr
 
 
@@ -332,9 +361,12 @@ def test_callbacks_checkpoint_schedule_early_stopping_progress_bar(tmp_path, cap
     model = make(s)
     path = str(tmp_path / "w{epoch}.weights.h5")
     schedule = keras.callbacks.LearningRateScheduler(lambda epoch, lr: 0.1 if epoch == 0 else 0.05)
-    callbacks = [keras.callbacks.ModelCheckpoint(path, save_weights_only=True), schedule,
-                 keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=5),
-                 keras.callbacks.EarlyStopping(monitor="loss", patience=5)]
+    callbacks = [
+        keras.callbacks.ModelCheckpoint(path, save_weights_only=True),
+        schedule,
+        keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=5),
+        keras.callbacks.EarlyStopping(monitor="loss", patience=5),
+    ]
     model.fit(X, Y, batch_size=64, epochs=2, shuffle=False, verbose=1, callbacks=callbacks)
     assert "4/4" in capsys.readouterr().out  # the progress bar counted the steps
 
@@ -365,7 +397,7 @@ def test_py_dataset_matches_tf(n):
             return 4
 
         def __getitem__(self, i):
-            return X[i * 64:(i + 1) * 64], Y[i * 64:(i + 1) * 64]
+            return X[i * 64 : (i + 1) * 64], Y[i * 64 : (i + 1) * 64]
 
     model = make(mirrored(n))
     hist = model.fit(Batches(), epochs=2, verbose=0, shuffle=False)
