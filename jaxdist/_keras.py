@@ -20,8 +20,10 @@ strategy keep Keras' own functions.
 Private Keras API used (covered by tests/test_keras.py, Keras pinned to the
 range `SUPPORTED`): the ``train_function``/``test_function``/``predict_function``
 protocol of ``keras/src/backend/jax/trainer.py`` (``(state, iterator) -> (logs,
-state)``) and ``Model._update_metrics_variables`` (the metric update Keras' own
-JAX ``train_step`` makes).
+state)``), ``Model._update_metrics_variables`` (the metric update Keras' own
+JAX ``train_step`` makes) and ``keras.src...DataAdapter`` (`DistributedDatasetAdapter`).
+`fit`/`evaluate`/`predict` and the ``*_on_batch`` methods are wrapped as well, to accept
+jaxdist distributed datasets and to give ``*_on_batch`` TF's whole-batch replicas.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ from typing import Any
 
 import jax
 import keras
+from keras.src.trainers.data_adapters.data_adapter import DataAdapter
 
 from jaxdist import _keras_steps, _keras_syncbn
+from jaxdist._input_iter import DistributedDataset
 
 SUPPORTED = ((3, 10), (3, 16))
 """Keras versions this module is written against: ``>= 3.10, < 3.16``."""
@@ -164,6 +168,9 @@ def _install() -> None:
         name = f"make_{kind}_function"
         _PATCHED[name] = original = getattr(keras.Model, name)
         setattr(keras.Model, name, _make_factory(kind, original))
+        name = {"train": "fit", "test": "evaluate", "predict": "predict"}[kind]
+        _PATCHED[name] = original = getattr(keras.Model, name)
+        setattr(keras.Model, name, _accepting_distributed_datasets(original))
         name = f"{kind}_on_batch"
         _PATCHED[name] = original = getattr(keras.Model, name)
         setattr(keras.Model, name, _on_batch(original))
@@ -178,6 +185,75 @@ def _check_no_scope(model: Any, kind: str) -> None:
             "Create the model (layers, optimizer, compile) inside that scope, as with TF's "
             "tf.distribute, or call it outside the scope to run on one device."
         )
+
+
+class DistributedDatasetAdapter(DataAdapter):
+    """A jaxdist distributed dataset as a Keras data adapter (TF's ``fit`` accepts
+    ``strategy.experimental_distribute_dataset(ds)``).
+
+    Each step's per-replica batch is gathered into the global batch, which the
+    model's step splits again the same way (TF's split; distributed datasets whose
+    replicas hold other sizes than that split are refused by ``strategy.gather``
+    or re-split). Private Keras API: Keras' ``DataAdapter`` base class, which
+    ``fit`` accepts in place of data.
+    """
+
+    def __init__(self, dataset: DistributedDataset, strategy: Any) -> None:
+        self.dataset = dataset
+        self.strategy = strategy
+
+    def _batches(self) -> Iterator[Any]:
+        for batch in self.dataset:
+            yield self.strategy.gather(batch, axis=0)
+
+    def get_numpy_iterator(self) -> Iterator[Any]:
+        return self._batches()
+
+    def get_jax_iterator(self) -> Iterator[Any]:
+        return self._batches()
+
+    def get_tf_dataset(self) -> Any:
+        raise NotImplementedError("a jaxdist distributed dataset has no tf.data form")
+
+    def get_torch_dataloader(self) -> Any:
+        raise NotImplementedError("a jaxdist distributed dataset has no torch form")
+
+    @property
+    def num_batches(self) -> int | None:
+        try:
+            return len(self.dataset)
+        except TypeError:
+            return None
+
+    @property
+    def batch_size(self) -> None:
+        return None
+
+    @property
+    def has_partial_batch(self) -> None:
+        return None
+
+    @property
+    def partial_batch_size(self) -> None:
+        return None
+
+
+def _accepting_distributed_datasets(original: Any) -> Any:
+    def method(self: Any, x: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(x, DistributedDataset):
+            strategy = strategy_of(self)
+            if strategy is None:
+                raise ValueError(
+                    f"x is a jaxdist distributed dataset, but {type(self).__name__} "
+                    f"{self.name!r} was not built in a strategy's scope(): build it in the "
+                    "scope of the strategy that distributed the dataset."
+                )
+            x = DistributedDatasetAdapter(x, strategy)
+        return original(self, x, *args, **kwargs)
+
+    method.__name__ = original.__name__
+    method.__doc__ = original.__doc__
+    return method
 
 
 def _on_batch(original: Any) -> Any:

@@ -432,3 +432,18 @@ def test_synchronized_batch_norm_uses_the_global_batch(n):
     for i, (a, b) in enumerate(zip(model.get_weights(), one.get_weights())):
         close(a, b, TOL, f"weight {i}")
     assert model.train_function.traces == 1
+
+
+@pytest.mark.parametrize("n", [2, 8], ids=["r2", "r8"])
+def test_jaxdist_distributed_dataset_matches_tf(n):
+    s = mirrored(n)
+    batches = [(X[i : i + 64], Y[i : i + 64]) for i in range(0, 250, 64)]
+    model = make(s)
+    hist = model.fit(s.experimental_distribute_dataset(batches), epochs=2, verbose=0)
+    want = TF[f"dense.sgd.tfdata.r{n}"]
+    for k, v in want["history"].items():
+        close(hist.history[k], v, TOL, k)
+    ev = model.evaluate(s.experimental_distribute_dataset(batches), verbose=0, return_dict=True)
+    close(ev["loss"], want["evaluate"]["loss"], TOL, "evaluate")
+    pred = model.predict(s.experimental_distribute_dataset([X[:64], X[64:70]]), verbose=0)
+    close(pred, want["predict"], TOL, "predict")
