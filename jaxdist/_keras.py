@@ -127,12 +127,23 @@ def enter_scope(strategy: Any) -> Iterator[None]:
     dist = _DISTRIBUTIONS.get(strategy)
     if dist is None:
         dist = _DISTRIBUTIONS[strategy] = StrategyDistribution(strategy)
+        _agree_on_a_seed(strategy)
     previous = keras.distribution.distribution()
     keras.distribution.set_distribution(dist)
     try:
         yield
     finally:
         keras.distribution.set_distribution(previous)
+
+
+def _agree_on_a_seed(strategy: Any) -> None:
+    """Several workers draw the same initial weights (TF broadcasts the chief's values)."""
+    if (
+        strategy.extended.replicas.multi_process
+        and keras.src.utils.rng_utils.get_random_seed() is None
+    ):
+        # Private Keras API: the seed agreement of Keras' own multi-host set-up.
+        keras.src.backend.jax.distribution_lib.initialize_rng()
 
 
 def strategy_of(model: Any) -> Any:

@@ -447,3 +447,67 @@ def test_jaxdist_distributed_dataset_matches_tf(n):
     close(ev["loss"], want["evaluate"]["loss"], TOL, "evaluate")
     pred = model.predict(s.experimental_distribute_dataset([X[:64], X[64:70]]), verbose=0)
     close(pred, want["predict"], TOL, "predict")
+
+
+# -- 4. MultiWorkerMirroredStrategy ---------------------------------------------------------
+
+
+@pytest.mark.multiworker
+def test_multi_worker_fit_equals_a_four_device_mirrored_strategy(tmp_path):
+    """2 workers x 2 devices (TF_CONFIG) train to the 4-device MirroredStrategy's weights; the
+    chief's .keras file loads into another strategy and into none."""
+    import socket
+
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    import keras_multiworker_worker as worker
+
+    def port():
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+
+    cluster = {"worker": [f"127.0.0.1:{port()}", f"127.0.0.1:{port()}"]}
+    procs = []
+    for i in range(2):
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+        env["JAX_PLATFORMS"] = "cpu"
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(pathlib.Path(worker.__file__).parents[1]), env.get("PYTHONPATH", "")]
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, worker.__file__, str(tmp_path)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    results = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out, err = p.communicate()
+        assert p.returncode == 0, err[-3000:]
+        line = next(x for x in out.splitlines() if x.startswith("RESULT "))
+        results.append(json.loads(line[len("RESULT ") :]))
+
+    model, history, ev = worker.build_and_fit(mirrored(4))
+    for res in results:
+        for k, v in history.items():
+            close(res["history"][k], v, TOL, k)
+        for k, v in ev.items():
+            close(res["evaluate"][k], v, TOL, k)
+        for a, b in zip(res["weights"], model.get_weights()):
+            close(a, b, TOL, "weights")
+    x, _ = worker.data()
+    want = model.predict(x[:70], verbose=0)
+    plain = keras.models.load_model(tmp_path / "model.keras")
+    close(plain.predict(x[:70], verbose=0), want, TOL, "loaded without a strategy")
+    with mirrored(2).scope():
+        two = keras.models.load_model(tmp_path / "model.keras")
+    close(two.predict(x[:70], verbose=0), want, TOL, "loaded into 2 replicas")
