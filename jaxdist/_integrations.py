@@ -22,7 +22,15 @@ INTEGRATIONS: dict[str, str] = {"keras": "jaxdist._keras"}
 
 
 def enter_scope(strategy: Any) -> contextlib.ExitStack:
-    """Enters every active integration's scope for ``strategy``; the stack exits them."""
+    """Enters every active integration's scope for ``strategy``; the stack exits them.
+
+    >>> import jaxdist as jd
+    >>> from jaxdist import _integrations
+    >>> _integrations.INTEGRATIONS
+    {'keras': 'jaxdist._keras'}
+    >>> with _integrations.enter_scope(jd.MirroredStrategy(["/cpu:0"])):  # what scope() does
+    ...     pass
+    """
     stack = contextlib.ExitStack()
     for library, module in INTEGRATIONS.items():
         if library in sys.modules:

@@ -149,6 +149,16 @@ def _agree_on_a_seed(strategy: Any) -> None:
 def strategy_of(model: Any) -> Any:
     """The strategy whose scope created ``model``'s variables, or None (Keras' own path).
 
+    >>> import keras, jaxdist as jd
+    >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    >>> with s.scope():
+    ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    >>> strategy_of(model) is s
+    True
+    >>> kernel = model.weights[0].value          # mirrored on both replica devices
+    >>> kernel.sharding.is_fully_replicated, len(kernel.sharding.device_set)
+    (True, 2)
+
     Raises:
         RuntimeError: some of the variables belong to another strategy, or were
             created outside any scope while the others were created in one.

@@ -89,7 +89,17 @@ def _check_overrides(model: Any, kind: str) -> None:
 
 
 class StepFunction:
-    """``(state, iterator) -> (outputs, state)``, Keras' JAX step-function protocol."""
+    """``(state, iterator) -> (outputs, state)``, Keras' JAX step-function protocol.
+
+    >>> import numpy as np, keras, jaxdist as jd
+    >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    >>> with s.scope():
+    ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    ...     model.compile(optimizer="sgd", loss="mse")
+    >>> _ = model.fit(np.ones((10, 3)), np.ones((10, 1)), batch_size=4, verbose=0)
+    >>> model.train_function.traces  # compiled twice: batches of 4, and the last one of 2
+    2
+    """
 
     def __init__(self, model: Any, strategy: Any, kind: str) -> None:
         self.model_ref = weakref.ref(model)

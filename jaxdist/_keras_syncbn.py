@@ -46,7 +46,19 @@ def install() -> None:
 
 
 def moments(x: Any, axes: Any, keepdims: bool = False, synchronized: bool = False) -> tuple:
-    """Keras' ``moments``; ``synchronized=True`` reduces over the replicas (TF's rule)."""
+    """Keras' ``moments``; ``synchronized=True`` reduces over the replicas (TF's rule).
+
+    >>> import jax.numpy as jnp, jaxdist as jd
+    >>> install()
+    >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    >>> x = s.experimental_distribute_values_from_function(
+    ...     lambda ctx: jnp.array([[1.0], [3.0]]) + 4.0 * ctx.replica_id_in_sync_group)
+    >>> out = s.run(lambda x: moments(x, axes=[0], synchronized=True), args=(x,))
+    >>> [float(m[0]) for m in s.experimental_local_results(out[0])]   # mean of 1, 3, 5, 7
+    [4.0, 4.0]
+    >>> [float(m[0]) for m in s.experimental_local_results(out[1])]   # their variance
+    [5.0, 5.0]
+    """
     ctx = get_replica_context()
     if not synchronized or ctx is None:  # TF: no replica context (cross-replica) -> local
         return _ORIGINAL["moments"](x, axes, keepdims)
