@@ -116,10 +116,8 @@ class Scope:
         entry = self._entries.pop()
         open_ = current().scopes
         if open_ and open_[-1] is entry:
-            try:
-                entry.close_hooks()
-            finally:
-                _STATE.set(_before(entry))
+            _STATE.set(_before(entry))
+            entry.close_hooks()  # after: the integrations follow the state now current
             return
         if not any(e is entry for e in open_):
             self._entries.append(entry)  # still open where it was entered: exit it there

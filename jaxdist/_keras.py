@@ -38,7 +38,7 @@ import jax
 import keras
 from keras.src.trainers.data_adapters.data_adapter import DataAdapter
 
-from jaxdist import _keras_steps, _keras_syncbn
+from jaxdist import _context, _keras_steps, _keras_syncbn
 from jaxdist._input_iter import DistributedDataset
 
 SUPPORTED = ((3, 10), (3, 16))
@@ -124,16 +124,28 @@ def enter_scope(strategy: Any) -> Iterator[None]:
     """``strategy.scope()``'s Keras part: Keras variables created in it are the strategy's."""
     check_keras()
     _install()
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(_distribution_for(strategy))
+    try:
+        yield
+    finally:
+        # Keras' distribution follows jaxdist's state as it is after this exit (scopes may be
+        # exited out of order, and the one before may be another strategy's or Keras' own).
+        now = _context.current()
+        if now.scopes:  # still inside a scope (experimental_set_strategy sets no hook)
+            keras.distribution.set_distribution(_distribution_for(now.strategy))
+        elif not isinstance(previous, StrategyDistribution):
+            keras.distribution.set_distribution(previous)
+        else:
+            keras.distribution.set_distribution(None)
+
+
+def _distribution_for(strategy: Any) -> StrategyDistribution:
     dist = _DISTRIBUTIONS.get(strategy)
     if dist is None:
         dist = _DISTRIBUTIONS[strategy] = StrategyDistribution(strategy)
         _agree_on_a_seed(strategy)
-    previous = keras.distribution.distribution()
-    keras.distribution.set_distribution(dist)
-    try:
-        yield
-    finally:
-        keras.distribution.set_distribution(previous)
+    return dist
 
 
 def _agree_on_a_seed(strategy: Any) -> None:

@@ -30,6 +30,13 @@ SW = np.linspace(0.5, 1.5, 250).astype("float32")
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax", reason="needs KERAS_BACKEND=jax")
 
 
+@pytest.fixture(autouse=True)
+def _no_leaked_keras_distribution():
+    assert keras.distribution.distribution() is None, "an earlier test left a scope's hook"
+    yield
+    assert keras.distribution.distribution() is None, "this test left a scope's hook"
+
+
 def build(name="dense"):
     L = keras.layers
     if name == "dense":
@@ -552,3 +559,24 @@ def test_evaluate_when_the_first_batch_splits_unevenly(rows, n):
     want = TF[f"_evaluate_fresh_rows{rows}.r1"] if "error" in want else want
     for k, v in want["evaluate"].items():
         close(ev[k], v, TOL, k)
+
+
+def test_keras_distribution_follows_scopes_exited_out_of_order():
+    a, b = mirrored(2), mirrored(4)
+    sa, sb = a.scope(), b.scope()
+    sa.__enter__()
+    with pytest.raises(RuntimeError):  # b inside a: another strategy's scope
+        sb.__enter__()
+    assert keras.distribution.distribution().strategy_ref() is a
+    sa.__exit__(None, None, None)
+    assert keras.distribution.distribution() is None
+    outer = a.scope()
+    outer.__enter__()
+    inner = a.scope()
+    inner.__enter__()
+    with pytest.raises(RuntimeError, match="innermost first"):
+        outer.__exit__(None, None, None)
+    assert keras.distribution.distribution().strategy_ref() is a  # still inside `inner`
+    inner.__exit__(None, None, None)
+    assert keras.distribution.distribution() is None
+    assert not jd.has_strategy()
