@@ -4,10 +4,16 @@ SGD 0.1, 8 simulated devices, full batches only). Paired: the loops alternate in
 and each round's ratio is taken between neighbours.
 
 python -m benchmarks.bench_keras [--quick]
+
+With TensorFlow's interpreter in ``$JAXDIST_TF_PYTHON`` (or ``.venv-tf``, as `make bench-tf`),
+TF Keras `model.fit` under `tf.distribute.MirroredStrategy` on 8 logical CPUs
+(`benchmarks/peer/tf_keras_fit.py`) runs too, in its own process between jaxdist's rounds.
 """
 
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -93,6 +99,21 @@ def custom_loop(strategy, x, y):
     return epoch
 
 
+def _tf_python():
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.environ.get("JAXDIST_TF_PYTHON") or os.path.join(
+        here, "..", ".venv-tf", "bin", "python"
+    )
+    return path if os.path.exists(path) else None
+
+
+def tf_keras_fit(python, rounds):
+    """TF Keras fit ms/step per round (its own process; None without TensorFlow)."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer", "tf_keras_fit.py")
+    out = subprocess.run([python, script, str(rounds)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["ms_per_step"]
+
+
 def _time(fn):
     t0 = time.perf_counter()
     jax.block_until_ready(fn())
@@ -116,10 +137,14 @@ def main(quick=False):
     for i in range(rounds):
         for k in names if i % 2 else names[::-1]:
             times[k].append(_time(loops[k]))
+    python = _tf_python()
+    if python:  # TF's fit: its own process after jaxdist's rounds (not interleaved with them)
+        times["fit_tf_keras_mirrored"] = [t / 1e3 for t in tf_keras_fit(python, rounds)]
+        names.append("fit_tf_keras_mirrored")
     med = {k: statistics.median(v) for k, v in times.items()}
     ratio = {
         other: statistics.median(a / b for a, b in zip(times["fit_jaxdist"], times[other]))
-        for other in ("custom_jaxdist", "fit_keras_dataparallel")
+        for other in names[1:]
     }
     rows = [
         [k, f"{med[k] * 1e3:.1f}", f"{1 / med[k]:.1f}", f"{ratio.get(k, 1.0):.2f}"] for k in names
