@@ -19,12 +19,14 @@ import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
-import jax  # noqa: E402
+# isort: off
+from benchmarks import common  # noqa: E402  (8 simulated devices before JAX starts)
+import jaxdist as jd  # noqa: E402  (before Keras starts JAX: jaxdist sizes XLA's CPU pool)
 import keras  # noqa: E402
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-import jaxdist as jd  # noqa: E402
-from benchmarks import common  # noqa: E402, F401  (8 simulated devices before JAX starts)
+# isort: on
 
 R, BATCH, STEPS = 8, 256, 40
 
