@@ -46,6 +46,7 @@ class State:
     replica_context: Any = None
     set_base: State | None = None
     scopes: tuple[ScopeEntry, ...] = ()
+    set_hooks: contextlib.ExitStack | None = None  # `experimental_set_strategy`'s integrations
     merge_from: Any = None
 
 
@@ -231,4 +232,13 @@ def set_strategy(strategy: Any) -> None:
     if strategy is None:
         _STATE.set(base)
     else:
-        _STATE.set(State(strategy=strategy, mode=Mode.CROSS_REPLICA, set_base=base))
+        new = State(strategy=strategy, mode=Mode.CROSS_REPLICA, set_base=base)
+        _STATE.set(new)
+        try:  # as a scope: the optional integrations (Keras) follow the set strategy
+            hooks = _integrations.enter_scope(strategy)
+        except BaseException:
+            _STATE.set(state)
+            raise
+        _STATE.set(dataclasses.replace(new, set_hooks=hooks))
+    if state.set_hooks is not None:  # the replaced setting's, after the new state is current
+        state.set_hooks.close()

@@ -131,9 +131,9 @@ def enter_scope(strategy: Any) -> Iterator[None]:
     finally:
         # Keras' distribution follows jaxdist's state as it is after this exit (scopes may be
         # exited out of order, and the one before may be another strategy's or Keras' own).
-        now = _context.current()
-        if now.scopes:  # still inside a scope (experimental_set_strategy sets no hook)
-            keras.distribution.set_distribution(_distribution_for(now.strategy))
+        now = _context.current().strategy  # a scope's, or experimental_set_strategy's
+        if now is not None:
+            keras.distribution.set_distribution(_distribution_for(now))
         elif not isinstance(previous, StrategyDistribution):
             keras.distribution.set_distribution(previous)
         else:

@@ -580,3 +580,19 @@ def test_keras_distribution_follows_scopes_exited_out_of_order():
     inner.__exit__(None, None, None)
     assert keras.distribution.distribution() is None
     assert not jd.has_strategy()
+
+
+def test_experimental_set_strategy_mirrors_keras_variables_as_a_scope_does():
+    s = mirrored(2)
+    jd.experimental_set_strategy(s)
+    try:
+        model = compile_(build())
+        assert len(model.weights[0].value.sharding.device_set) == 2
+        with s.scope():
+            pass
+        assert keras.distribution.distribution().strategy_ref() is s  # still set
+    finally:
+        jd.experimental_set_strategy(None)
+    assert keras.distribution.distribution() is None
+    hist = model.fit(X, Y, **FIT)
+    check_fit(model, hist, TF["dense.sgd.plain.r2"])
