@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -155,8 +155,15 @@ class StepFunction:
         copies = self._copies_for(state)
         if self.sync_bn:
             self._check_sync_bn(batch)
-        outputs, state, copies, marker = self._jitted(state, copies, batch, _WHOLE_BATCH.get())
-        _inflight.throttle(marker, f"model.{self.kind}")
+        args = (state, copies, batch, _WHOLE_BATCH.get())
+        try:
+            outputs, state, copies, marker = self._jitted(*args)
+        except NotImplementedError:  # raised while tracing, before anything ran or was donated
+            if not self.strategy.extended.replicas.multi_process:
+                raise
+            outputs, state, copies, _ = self._eager(*args)  # a partial batch across workers
+        else:
+            _inflight.throttle(marker, f"model.{self.kind}")
         _COPIES[self.model()] = (tuple(state[1][i] for i in self.layout.own), copies)
         self._returned = state
         return outputs, state
@@ -183,16 +190,35 @@ class StepFunction:
 
     def _program(self, state: Any, copies: tuple, batch: Any, whole: bool) -> tuple:
         self.traces += 1
+        out = self.strategy.run(self._replica, args=(state, copies, batch))
+        return (*self._combine(out, whole, self.layout.place), jnp.zeros(()))
+
+    def _eager(self, state: Any, copies: tuple, batch: Any, whole: bool) -> tuple:
+        """The step outside jax.jit, on this worker's copy of the state: a partial batch
+        across workers, which jaxdist traces only eagerly (README, Limits)."""
+        local = (jax.tree.map(np.asarray, state), jax.tree.map(np.asarray, copies))
+        out = self.strategy.run(self._replica, args=(*local, batch))
+
+        def place(tree: Any) -> Any:  # the same value on every worker: a global array
+            return jax.device_put(tree, self.layout.sharding)
+
+        return (*self._combine(out, whole, place), None)
+
+    def _combine(self, out: tuple, whole: bool, place: Callable) -> tuple:
+        """Outputs, Keras' state (replica 0's, mirrored) and every replica's own copies."""
         s = self.strategy
-        outputs, state, copies = s.run(self._replica, args=(state, copies, batch))
+        outputs, state, copies = out
         first = s.experimental_local_results
         if self.kind == "predict" and not whole:
             outputs = s.gather(outputs, axis=0)
         else:
             outputs = first(outputs)[0]
-        state = self.layout.place(first(state)[0])
-        copies = self.layout.place(tuple(s.gather(c, axis=0) for c in copies))
-        return outputs, state, copies, jnp.zeros(())
+        copies = tuple(s.gather(c, axis=0) for c in copies)
+        state = list(first(state)[0])
+        state[1] = list(state[1])
+        for k, i in enumerate(self.layout.own):  # replica 0's copy (TF's primary)
+            state[1][i] = copies[k][0]
+        return outputs, place(tuple(state)), place(copies)
 
     def _replica(self, state: Any, copies: tuple, data: Any) -> tuple:
         ctx = get_replica_context()
