@@ -25,7 +25,9 @@ a Keras model's under ``MirroredStrategy``:
 One all-reduce per step carries gradients, metric updates and aggregated
 variables. The program is traced once per input signature (a full batch and a
 partial batch are two); `traces` counts it. Its dispatches stay under the
-in-flight bound (`jaxdist._inflight`).
+in-flight bound (`jaxdist._inflight`). With several workers, jaxdist traces no
+partial batch inside `jax.jit`: that step runs eagerly through ``strategy.run``
+(`StepFunction._eager`), on each worker's copy of the state.
 """
 
 from __future__ import annotations
