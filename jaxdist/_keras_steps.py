@@ -47,7 +47,6 @@ from jaxdist import _inflight
 from jaxdist._default import get_replica_context
 from jaxdist._options import InputOptions
 from jaxdist._reduce_op import ReduceOp
-from jaxdist._values import DistributedValues
 
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """model -> (the primaries of its per-replica variables, as last returned; all replicas' copies)."""
@@ -113,10 +112,6 @@ class StepFunction:
         self._returned: Any = None
         self._batches: Any = None
         self._jitted = jax.jit(self._program, static_argnums=3, donate_argnums=(0, 1))
-        self.sync_bn = kind == "train" and any(
-            isinstance(layer, keras.layers.BatchNormalization) and layer.synchronized
-            for layer in _layers(model)
-        )
 
     def model(self) -> Any:
         model = self.model_ref()
@@ -155,8 +150,6 @@ class StepFunction:
         if state is not self._returned:  # Keras' variables: some may have been built outside
             state = jax.device_put(tuple(list(s) for s in state), self.layout.sharding)
         copies = self._copies_for(state)
-        if self.sync_bn:
-            self._check_sync_bn(batch)
         args = (state, copies, batch, _WHOLE_BATCH.get())
         try:
             outputs, state, copies, marker = self._jitted(*args)
@@ -177,18 +170,6 @@ class StepFunction:
             return copies
         n = self.strategy.num_replicas_in_sync
         return tuple(jnp.broadcast_to(state[1][i], (n, *state[1][i].shape)) for i in own)
-
-    def _check_sync_bn(self, batch: Any) -> None:
-        leaf = jax.tree.leaves(batch, is_leaf=lambda v: isinstance(v, DistributedValues))[0]
-        sizes = [len(x) for x in self.strategy.experimental_local_results(leaf)]
-        if len(set(sizes)) > 1:
-            raise NotImplementedError(
-                "BatchNormalization(synchronized=True) is not available yet on a partial batch "
-                f"(this one splits as {sizes} over the replicas): its all-reduce runs under "
-                "jax.grad, which jaxdist's partial-batch steps do not support yet. Make every "
-                f"batch divisible by {len(sizes)} (batch_size and the number of examples), or "
-                "use synchronized=False."
-            )
 
     def _program(self, state: Any, copies: tuple, batch: Any, whole: bool) -> tuple:
         self.traces += 1
@@ -263,12 +244,6 @@ def _test(model: Any, ctx: Any, layout: _Layout, state: Any, x: Any, y: Any, sw:
     _, new_mv = model._update_metrics_variables(new_mv, unscaled, x, y, y_pred, sw)
     _, new_mv, new_ntv = layout.combine(ctx, mv, new_mv, new_ntv, None)
     return metrics_result(model, new_mv), (tv, new_ntv, new_mv), layout.own_copies(new_ntv)
-
-
-def _layers(layer: Any) -> Iterator[Any]:
-    for sub in getattr(layer, "layers", ()):
-        yield sub
-        yield from _layers(sub)
 
 
 def metrics_result(model: Any, metrics_variables: Any) -> dict:
