@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import types
 import warnings
@@ -98,6 +99,37 @@ def is_fake_pmap() -> bool:
 
 
 _REAL_PMAP = jax.pmap
+
+
+# -- quick compilation -----------------------------------------------------------------------
+
+# XLA's CPU debug options (XLA has no stability promise for them; a jaxlib without one
+# rejects it at compile time, and `quick_options` then falls back to no options):
+# LLVM optimization level 1 and XLA's classic fusion emitters instead of the MLIR ones.
+# They compile the demo's partial-batch program in 0.46 s instead of 1.0 s, and it runs
+# in 0.35 ms instead of 0.29 ms (level 0: 0.19 s, but 0.8 ms, too slow for later steps):
+# the right trade for a program run once per epoch.
+QUICK_CPU: dict[str, Any] = {
+    "xla_backend_optimization_level": 1,
+    "xla_cpu_use_fusion_emitters": False,
+}
+
+
+def quick_options(replicas: Replicas) -> dict[str, Any]:
+    """``compiler_options`` for `jax.jit` that compile fast: `QUICK_CPU` on CPU where this
+    jaxlib accepts them, else none."""
+    if not replicas.on_cpu:
+        return {}
+    return dict(_accepted(tuple(sorted(QUICK_CPU.items()))))
+
+
+@functools.cache
+def _accepted(options: tuple) -> tuple:
+    try:
+        jax.jit(lambda x: x + 1).lower(np.float32(0)).compile(dict(options))
+    except Exception:  # noqa: BLE001 - an XLA without these options: compile as usual
+        return ()
+    return options
 
 
 # -- the compile cache, weak on the user's function ---------------------------------------

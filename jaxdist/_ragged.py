@@ -170,7 +170,8 @@ def _run_compiled(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, inp
             return [x for x in out_leaves if is_tracer(x)]
 
         staged = Staged(fn, program, avals, outputs=lambda: [c[0] for c in info["consts"] if c])
-        return jax.jit(staged.evaluate), info, staged
+        options = _compile.quick_options(replicas)
+        return jax.jit(staged.evaluate, compiler_options=options), info, staged
 
     to_first = functools.partial(jax.device_put, device=replicas.first_device)
     (program, info, staged), extra = _compile.steps.get(

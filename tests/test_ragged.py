@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import jaxdist as jd
+from jaxdist._compile import QUICK_CPU, quick_options
 
 PARTIAL = [2, 4, 8]
 
@@ -188,3 +189,28 @@ def test_a_partial_batch_step_is_traced_once_per_shape_of_replica():
     assert sorted(calls) == [(1, 3), (2, 3)]
     s.run(traced, args=(x,))
     assert len(calls) == 2  # compiled once for this pattern of replica shapes
+
+
+def test_the_eager_partial_batch_program_compiles_with_quick_options(monkeypatch):
+    """Eagerly, a partial batch's program is compiled with XLA's quick CPU options (it
+    runs once per epoch: compile time matters more than run time), with the answers of
+    the default options; an XLA that rejects them compiles as usual."""
+    s = jd.MirroredStrategy([f"/cpu:{i}" for i in range(4)])
+    assert quick_options(s.extended.replicas) == QUICK_CPU
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.normal(size=(3, 16)), jnp.float32)
+    _, x = partial_batch(s)  # [2, 2, 2, 1]
+
+    def grad_step(x):
+        loss = lambda w: jnp.sum(jnp.tanh(x @ w) ** 2)  # noqa: E731
+        return jd.get_replica_context().all_reduce("SUM", jax.grad(loss)(w))
+
+    eager = s.run(grad_step, args=(x,))
+    default = jax.jit(lambda x: s.run(grad_step, args=(x,)))(x)  # the user's jit: no options
+    for a, b in zip(local(s, eager), local(s, default)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    monkeypatch.setattr("jaxdist._compile.QUICK_CPU", {"xla_no_such_option": True})
+    assert quick_options(s.extended.replicas) == {}
+    again = s.run(lambda x: grad_step(x) * 1.0, args=(x,))
+    for a, b in zip(local(s, again), local(s, default)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
