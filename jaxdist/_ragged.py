@@ -27,18 +27,45 @@ from jaxdist._layout import as_array, is_array, is_tracer
 from jaxdist._reduce import all_rows
 from jaxdist._stage import Staged
 from jaxdist._validate import hashable_arg, is_number
-from jaxdist._values import combine_parts, from_parts, is_distributed, parts
+from jaxdist._values import (
+    combine_parts,
+    from_parts,
+    is_distributed,
+    padded,
+    parts,
+    stacked,
+)
 
 
-def split_inputs(args: tuple, kwargs: dict, n: int) -> list:
-    """Replica i's ``(args, kwargs)``: distributed leaves replaced by their component i
-    (each value split once: a traced split slices every row)."""
+def split_inputs(args: tuple, kwargs: dict, n: int) -> tuple[list, Callable]:
+    """Replica i's ``(args, kwargs)``, distributed leaves replaced by their component i
+    (each value split once: a traced split slices every row), and for `_replay.trace` a
+    function giving the rows of replicas ``members`` (in a row) of flat input ``k`` as
+    one slice of the stacked or padded array they came from (a group's input then costs
+    one slice, not a slice per replica and a stack), or None."""
     leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=is_distributed)
     columns = [v.values if is_distributed(v) else None for v in leaves]
-    return [
+    inputs = [
         jax.tree.unflatten(treedef, [v if c is None else c[i] for v, c in zip(leaves, columns)])
         for i in range(n)
     ]
+
+    def rows(k: int, members: tuple) -> Any:
+        lo, hi = members[0], members[-1] + 1
+        flat = jax.tree.leaves(inputs[lo])
+        if members != tuple(range(lo, hi)) or len(flat) != len(leaves):
+            return None
+        v, column = leaves[k], columns[k]
+        if column is None or flat[k] is not column[lo]:
+            return None  # not this value's row (a row of several leaves came first)
+        if stacked(v) is not None:
+            return stacked(v)[lo:hi]
+        data, lengths = padded(v) or (None, ())
+        if data is None or len({lengths[i] for i in members}) != 1:
+            return None
+        return data[lo:hi, : lengths[lo]] if isinstance(lengths[lo], int) else None
+
+    return inputs, rows
 
 
 def regroup(outs: list, invariant: dict, replicas: Replicas | None) -> Any:
@@ -94,8 +121,8 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
         )
     if traced:
         args, kwargs = _constrain((args, kwargs), replicas, into=True)
-        inputs = split_inputs(args, kwargs, replicas.num)
-        outs, invariant = _replay.trace(strategy, cdo, fn, inputs, devices)
+        inputs, rows = split_inputs(args, kwargs, replicas.num)
+        outs, invariant = _replay.trace(strategy, cdo, fn, inputs, devices, rows)
         out = regroup(outs, invariant, None)
         return _constrain(out, replicas, into=False)
     return _run_compiled(strategy, replicas, cdo, fn, (args, kwargs), devices)
@@ -136,7 +163,17 @@ def _constrain(tree: Any, replicas: Replicas, into: bool) -> Any:
 
 def _move(arrays: list, replicas: Replicas, into: bool) -> list:
     split, whole = replicas.sharding.spec, replicas.replicated.spec
-    body = (lambda *xs: _packed(_gather_rows, list(xs))) if into else _own_rows
+    body = (
+        (
+            lambda *xs: (
+                _packed(_gather_rows, list(xs))
+                if not __import__("os").environ.get("NOPACK")
+                else [_gather_rows(x) for x in xs]
+            )
+        )
+        if into
+        else _own_rows
+    )
     return jax.shard_map(
         body,
         mesh=replicas.sharding.mesh,
@@ -199,9 +236,8 @@ def _run_compiled(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, inp
             for i, v in statics + tuple(zip(arrays, values)):
                 leaves[i] = v
             args, kwargs = jax.tree.unflatten(in_tree, leaves)
-            outs, invariant = _replay.trace(
-                strategy, cdo, get_fn(), split_inputs(args, kwargs, n), devices
-            )
+            inputs, rows = split_inputs(args, kwargs, n)
+            outs, invariant = _replay.trace(strategy, cdo, get_fn(), inputs, devices, rows)
             out_leaves, info["treedef"] = jax.tree.flatten(regroup(outs, invariant, None))
             info["consts"] = [None if is_tracer(x) else (x,) for x in out_leaves]
             return [x for x in out_leaves if is_tracer(x)]

@@ -297,8 +297,13 @@ def trace_group(
     members: tuple,
     devices: tuple,
     gathers: _Learnt,
+    stack: Callable | None = None,
 ) -> _Traced:
-    """One replica of a group traced to a jaxpr, and the group's arguments."""
+    """One replica of a group traced to a jaxpr, and the group's arguments.
+
+    ``stack(k, members)``, where given, is the group's rows of flat input ``k`` as one
+    array (a slice of the value they came from, instead of the rows stacked again), or
+    None."""
     flat = [jax.tree.flatten(inputs[i]) for i in members]
     leaves, in_tree = flat[0]
     dynamic = [k for k, x in enumerate(leaves) if is_array(x)]
@@ -328,10 +333,16 @@ def trace_group(
     for k in dynamic:
         column = [f[0][k] for f in flat]
         shared = all(x is column[0] for x in column)
-        args.append(
-            (column[0], False) if shared else (jnp.stack([as_array(x) for x in column]), True)
-        )
+        args.append((column[0], False) if shared else (_stacked(column, k, members, stack), True))
     return _Traced(closed, args, info["tree"], info["layout"], info["trace"])
+
+
+def _stacked(column: list, k: int, members: tuple, stack: Callable | None) -> Any:
+    whole = stack(k, members) if stack is not None else None
+    rows = [as_array(x) for x in column]
+    if whole is not None and jnp.shape(whole) == (len(rows), *jnp.shape(rows[0])):
+        return whole
+    return jnp.stack(rows)
 
 
 def _groups(inputs: list) -> list[tuple[int, ...]]:
@@ -344,13 +355,17 @@ def _groups(inputs: list) -> list[tuple[int, ...]]:
     return [tuple(g) for g in groups.values()]
 
 
-def _trace_all(strategy, cdo, fn, inputs, groups, devices, gathers: _Learnt) -> list[_Traced]:
+def _trace_all(
+    strategy, cdo, fn, inputs, groups, devices, gathers: _Learnt, stack=None
+) -> list[_Traced]:
     """Every group's jaxpr, traced again while all_gather lengths are being learnt."""
     for _ in range(MAX_PASSES):
         traced, error = [], None
         for members in groups:
             try:
-                traced.append(trace_group(strategy, cdo, fn, inputs, members, devices, gathers))
+                traced.append(
+                    trace_group(strategy, cdo, fn, inputs, members, devices, gathers, stack)
+                )
             except Exception as e:  # noqa: BLE001 - raised below unless a replay is due
                 error = error or e
         if not gathers.replay():
@@ -360,13 +375,21 @@ def _trace_all(strategy, cdo, fn, inputs, groups, devices, gathers: _Learnt) -> 
     raise RuntimeError(f"A partial-batch step was traced {MAX_PASSES} times without settling.")
 
 
-def trace(strategy: Any, cdo: Any, fn: Callable, inputs: list, devices: tuple) -> tuple:
+def trace(
+    strategy: Any,
+    cdo: Any,
+    fn: Callable,
+    inputs: list,
+    devices: tuple,
+    stack: Callable | None = None,
+) -> tuple:
     """Every replica's outputs of ``fn`` on its ``(args, kwargs)`` in ``inputs``, in the
-    caller's trace; also the ids of outputs that are one value for every replica."""
+    caller's trace; also the ids of outputs that are one value for every replica
+    (``stack``: see `trace_group`)."""
     groups, n = _groups(inputs), len(inputs)
     learnt = _Learnt(n)
     for _ in range(MAX_PASSES):
-        traced = _trace_all(strategy, cdo, fn, inputs, groups, devices, learnt)
+        traced = _trace_all(strategy, cdo, fn, inputs, groups, devices, learnt, stack)
         invariant: dict[int, Any] = {}
         merge = _run_merge(strategy, n, groups, invariant, [t.trace for t in traced])
         try:
