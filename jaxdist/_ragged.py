@@ -163,17 +163,7 @@ def _constrain(tree: Any, replicas: Replicas, into: bool) -> Any:
 
 def _move(arrays: list, replicas: Replicas, into: bool) -> list:
     split, whole = replicas.sharding.spec, replicas.replicated.spec
-    body = (
-        (
-            lambda *xs: (
-                _packed(_gather_rows, list(xs))
-                if not __import__("os").environ.get("NOPACK")
-                else [_gather_rows(x) for x in xs]
-            )
-        )
-        if into
-        else _own_rows
-    )
+    body = (lambda *xs: _packed(_gather_rows, list(xs))) if into else _own_rows
     return jax.shard_map(
         body,
         mesh=replicas.sharding.mesh,
@@ -191,8 +181,11 @@ def _packed(move: Callable, arrays: list) -> list:
     for k, a in enumerate(arrays):
         by_dtype.setdefault(a.dtype, []).append(k)
     for ks in by_dtype.values():
+        if len(ks) == 1:
+            out[ks[0]] = move(arrays[ks[0]])
+            continue
         rows = [arrays[k].reshape(arrays[k].shape[0], -1) for k in ks]
-        moved = move(jnp.concatenate(rows, axis=1) if len(rows) > 1 else rows[0])
+        moved = move(jnp.concatenate(rows, axis=1))
         start = 0
         for k, r in zip(ks, rows):
             piece = moved[:, start : start + r.shape[1]]
