@@ -136,22 +136,25 @@ def _constrain(tree: Any, replicas: Replicas, into: bool) -> Any:
     Replicas slice their own rows out of the inputs. Left to the compiler, slices of
     arrays split over the devices became hundreds of collective permutes and
     all-to-alls (120 ms a step for the demo's MLP on 8 CPU devices). Whole inputs
-    cost one all-gather per dtype (the arrays packed into one: each collective is a
-    rendezvous of every device, 0.1 ms on 8 CPU devices, 3 ms for the demo's 25
-    arrays one by one), and every device then computes the step. The moves are one
+    cost one all-gather per dtype, for batches and for the rest (the arrays packed
+    into one: each collective is a rendezvous of every device, 0.1 ms on 8 CPU
+    devices, 3 ms for the demo's 25 arrays one by one), and every device then
+    computes the step. The moves are one
     `jax.shard_map`, so the compiler cannot spread a layout across them.
     """
     moved: list = []
+    kinds: list = []  # batches apart from state (an unused one is then dropped whole)
 
     def collect(v: Any) -> Any:
         if is_distributed(v) and parts(v) is None:
             moved.extend(as_array(a) for a in jax.tree.leaves(v))
+            kinds.extend([padded(v) is not None] * len(jax.tree.leaves(v)))
         elif into and not is_distributed(v) and is_array(v) and jnp.ndim(v):
             return jax.lax.with_sharding_constraint(v, replicas.replicated)
         return v
 
     tree = jax.tree.map(collect, tree, is_leaf=is_distributed)
-    it = iter(_move(moved, replicas, into) if moved else [])
+    it = iter(_move(moved, kinds, replicas, into) if moved else [])
 
     def place(v: Any) -> Any:
         if is_distributed(v) and parts(v) is None:
@@ -161,9 +164,9 @@ def _constrain(tree: Any, replicas: Replicas, into: bool) -> Any:
     return jax.tree.map(place, tree, is_leaf=is_distributed)
 
 
-def _move(arrays: list, replicas: Replicas, into: bool) -> list:
+def _move(arrays: list, kinds: list, replicas: Replicas, into: bool) -> list:
     split, whole = replicas.sharding.spec, replicas.replicated.spec
-    body = (lambda *xs: _packed(_gather_rows, list(xs))) if into else _own_rows
+    body = (lambda *xs: _packed(_gather_rows, list(xs), kinds)) if into else _own_rows
     return jax.shard_map(
         body,
         mesh=replicas.sharding.mesh,
@@ -173,13 +176,13 @@ def _move(arrays: list, replicas: Replicas, into: bool) -> list:
     )(*arrays)
 
 
-def _packed(move: Callable, arrays: list) -> list:
-    """``move`` of each of ``arrays`` (stacked: rows along axis 0), done once per dtype on
-    the arrays packed side by side."""
+def _packed(move: Callable, arrays: list, kinds: list) -> list:
+    """``move`` of each of ``arrays`` (stacked: rows along axis 0), done once per dtype
+    and kind on the arrays packed side by side."""
     out: list = [None] * len(arrays)
     by_dtype: dict = {}
-    for k, a in enumerate(arrays):
-        by_dtype.setdefault(a.dtype, []).append(k)
+    for k, (a, kind) in enumerate(zip(arrays, kinds)):
+        by_dtype.setdefault((a.dtype, kind), []).append(k)
     for ks in by_dtype.values():
         if len(ks) == 1:
             out[ks[0]] = move(arrays[ks[0]])
