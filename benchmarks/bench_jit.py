@@ -5,6 +5,7 @@ python -m benchmarks.bench_jit
 
 import importlib.util
 import os
+import statistics
 import time
 
 import jax  # noqa: E402  (after common: 8 simulated devices)
@@ -163,9 +164,12 @@ def _sync_bn_step(strategy):
     return step, params
 
 
-def partial_batches(strategy, jitted, sync_bn=False):
+def partial_batches(strategy, jitted, sync_bn=False, rounds=5):
     """The demo's MLP step (or a synchronized-batch-norm step): first and later full and
-    partial (ragged) batches, seconds."""
+    partial (ragged) batches, seconds, and their ratios: medians (and ranges) of paired,
+    interleaved rounds. Each first-call round compiles a new step function (a fresh
+    compile of both programs, which go first in turn); each later round takes the best
+    of 5 calls of each."""
     import optax
 
     demo = _demo_module()
@@ -180,23 +184,39 @@ def partial_batches(strategy, jitted, sync_bn=False):
     full = (rng.random((64, 64), np.float32), rng.integers(0, 10, 64).astype(np.int32))
     part = (full[0][:37], full[1][:37])  # 37 over 8 replicas: [5, 5, 5, 5, 5, 5, 5, 2]
     dist = list(strategy.experimental_distribute_dataset([full, part]))
-    step = demo.make_train_step(optimizer)
-    if sync_bn:
-        step, params = _sync_bn_step(strategy)
-        step_, p = step, params
-        step = lambda params, opt_state, batch: step_(p, *batch)  # noqa: E731
-    call = (
-        jax.jit(lambda *a: strategy.run(step, args=a))
-        if jitted
-        else (lambda *a: strategy.run(step, args=a))
-    )
-    out = {"first_full_s": _timed(lambda: call(params, opt_state, dist[0]))}
-    out["first_partial_s"] = _timed(lambda: call(params, opt_state, dist[1]))
-    out["full_s"] = min(_timed(lambda: call(params, opt_state, dist[0])) for _ in range(10))
-    out["partial_s"] = min(_timed(lambda: call(params, opt_state, dist[1])) for _ in range(10))
-    out["first_ratio"] = out["first_partial_s"] / out["first_full_s"]
-    out["later_ratio"] = out["partial_s"] / out["full_s"]
+
+    def new_call():
+        step = demo.make_train_step(optimizer)
+        if sync_bn:
+            step_, p = _sync_bn_step(strategy)
+            step = lambda params, opt_state, batch: step_(p, *batch)  # noqa: E731
+        call = lambda *a: strategy.run(step, args=a)  # noqa: E731
+        return jax.jit(call) if jitted else call
+
+    def once(call, batch):
+        return _timed(lambda: call(params, opt_state, dist[batch]))
+
+    first = [_paired(lambda b, c=new_call(): once(c, b), r) for r in range(rounds)]
+    call = new_call()
+    once(call, 0), once(call, 1)
+    later = [_paired(lambda b: min(once(call, b) for _ in range(5)), r) for r in range(rounds)]
+    out = {}
+    for name, pairs in (("first", first), ("later", later)):
+        ratios = [p / f for f, p in pairs]
+        out[f"{name}_full_s"] = statistics.median(f for f, _ in pairs)
+        out[f"{name}_partial_s"] = statistics.median(p for _, p in pairs)
+        out[f"{name}_ratio"] = statistics.median(ratios)
+        out[f"{name}_ratio_range"] = (min(ratios), max(ratios))
+        out[f"{name}_rounds_s"] = pairs
     return out
+
+
+def _paired(timed, r):
+    """(full, partial) seconds of ``timed(batch)``, the two in turn first."""
+    if r % 2:
+        partial = timed(1)
+        return timed(0), partial
+    return timed(0), timed(1)
 
 
 def main():
@@ -235,16 +255,17 @@ def main():
             prow.append(_partial_row(p, jitted, sync_bn))
     md += "\n\nThe demo's MLP step (64-128-128-10, adam), and a step with a synchronized batch "
     md += "norm (64-128-10, batch moments all-reduced inside jax.grad), on a full batch of 64 "
-    md += "and a partial batch of 37 ([5] * 7 + [2]):\n\n"
+    md += "and a partial batch of 37 ([5] * 7 + [2]); ratios: median (range) of 5 paired "
+    md += "rounds, each first-call round a fresh compile of a new step function:\n\n"
     md += common.table(
         [
             "step",
             "first full s",
             "first partial s",
-            "ratio",
+            "ratio (range)",
             "later full ms",
             "later partial ms",
-            "ratio",
+            "ratio (range)",
         ],
         prow,
     )
@@ -253,14 +274,18 @@ def main():
 
 
 def _partial_row(p, jitted, sync_bn):
+    def ratio(name):
+        lo, hi = p[f"{name}_ratio_range"]
+        return f"{p[f'{name}_ratio']:.2f} ({lo:.2f}-{hi:.2f})"
+
     return [
         ("sync batch norm, " if sync_bn else "") + ("jitted" if jitted else "eager `run`"),
         f"{p['first_full_s']:.2f}",
         f"{p['first_partial_s']:.2f}",
-        f"{p['first_ratio']:.2f}",
-        f"{p['full_s'] * 1e3:.2f}",
-        f"{p['partial_s'] * 1e3:.2f}",
-        f"{p['later_ratio']:.2f}",
+        ratio("first"),
+        f"{p['later_full_s'] * 1e3:.2f}",
+        f"{p['later_partial_s'] * 1e3:.2f}",
+        ratio("later"),
     ]
 
 
