@@ -81,6 +81,10 @@ def _children(obj: Any) -> Iterator[tuple[tuple, Any]]:
         for name in code_names(obj.__code__):
             if name in glob:
                 yield ("global", name), glob[name]
+        for i, a in enumerate(obj.__defaults__ or ()):
+            yield ("default", i), a
+        for k, a in (obj.__kwdefaults__ or {}).items():
+            yield ("kwdefault", k), a
     elif isinstance(obj, (list, tuple)):
         for i, a in enumerate(obj[:_MAX_ITEMS]):
             yield ("item", i), a
@@ -94,9 +98,27 @@ def _children(obj: Any) -> Iterator[tuple[tuple, Any]]:
         if node is not None:
             for i, a in enumerate(node[0]):
                 yield ("child", (node[1], i)), a
-        elif hasattr(obj, "__dict__"):
-            for k, a in list(vars(obj).items())[:_MAX_ITEMS]:
+        else:
+            own = vars(obj) if hasattr(obj, "__dict__") else {}
+            for k, a in list(own.items())[:_MAX_ITEMS]:
                 yield ("attr", k), a
+            yield from _class_level(obj, own)
+
+
+def _class_level(obj: Any, own: dict) -> Iterator[tuple[tuple, Any]]:
+    """Slots, and data the class holds for its instances (``class T: w = jnp.zeros(())``,
+    read as ``self.w`` until the instance sets its own): read with ``getattr``, so an
+    instance attribute set later is what the chain finds then."""
+    for cls in type(obj).__mro__[:-1]:
+        slots = cls.__dict__.get("__slots__", ())
+        for k in (slots,) if isinstance(slots, str) else slots:
+            if k not in own and k not in ("__dict__", "__weakref__") and hasattr(obj, k):
+                yield ("getattr", k), getattr(obj, k)
+        for k, a in list(cls.__dict__.items())[:_MAX_ITEMS]:
+            if k in own or k.startswith("__") or hasattr(type(a), "__get__"):
+                continue  # methods, properties and other descriptors are not state
+            if isinstance(a, (jax.Array, np.ndarray, *_WATCHED, list, tuple, dict)):
+                yield ("getattr", k), a
 
 
 def _expandable(obj: Any) -> bool:
@@ -104,26 +126,39 @@ def _expandable(obj: Any) -> bool:
 
 
 def _walk(fn: Callable, named: set[str], depth: int = _MAX_DEPTH) -> Iterator[tuple[Chain, Any]]:
-    """``(chain, value)`` for what ``fn`` reaches, breadth first, bounded in nodes and
-    depth; ``named`` collects the names that the code met on the way uses."""
+    """``(chain, value)`` for what ``fn`` reaches, bounded in nodes and depth; ``named``
+    collects the names that the code met on the way uses.
+
+    Breadth first along chains whose names the code uses (``self.model.params``), then
+    along the others (``self.dataset``), so that big unrelated containers on an object
+    cannot use up the bound before the state the step reads is found.
+    """
     seen = {id(fn)}
     frontier: list[tuple[Any, Chain]] = [(fn, ())]
+    deferred: list[tuple[Any, Chain]] = []
     nodes = 0
-    for _ in range(depth):
-        nxt = []
-        for obj, chain in frontier:
-            if isinstance(obj, types.FunctionType):
-                named |= code_names(obj.__code__)
-            for step, child in _safe_children(obj):
-                nodes += 1
-                here = (*chain, step)
-                yield here, child
-                if id(child) not in seen and _expandable(child):
-                    seen.add(id(child))
-                    nxt.append((child, here))
-            if nodes > _MAX_NODES:
-                return
-        frontier = nxt
+    for later in (False, True):
+        while frontier:
+            nxt: list[tuple[Any, Chain]] = []
+            # functions first: the names their code uses decide what else comes first
+            frontier.sort(key=lambda entry: not isinstance(entry[0], types.FunctionType))
+            for obj, chain in frontier:
+                if len(chain) >= depth:
+                    continue
+                if isinstance(obj, types.FunctionType):
+                    named |= code_names(obj.__code__)
+                for step, child in _safe_children(obj):
+                    nodes += 1
+                    here = (*chain, step)
+                    yield here, child
+                    if id(child) not in seen and _expandable(child):
+                        seen.add(id(child))
+                        keep = later or _named(here, named)
+                        (nxt if keep else deferred).append((child, here))
+                if nodes > _MAX_NODES:
+                    return
+            frontier = nxt
+        frontier = sorted(deferred, key=lambda entry: len(entry[1]))
 
 
 def locate(fn: Callable, targets: list) -> list[Chain | None]:
@@ -133,6 +168,15 @@ def locate(fn: Callable, targets: list) -> list[Chain | None]:
     An array reachable in several places is taken where the names of the chain
     (globals, attributes) are names that the code met on the way uses.
     """
+    return [c[0] if c else None for c in locate_all(fn, targets)]
+
+
+def locate_all(fn: Callable, targets: list) -> list[list[Chain]]:
+    """For each array of ``targets``, the chains from ``fn`` to it whose names the code
+    uses, the best first (`locate`'s); one chain reaching it under names the code does
+    not use when there is no other. Two chains mean one array read under two names
+    (``self.w = self.ema = w``): the trace read it once, so it is valid only while both
+    names still hold one array."""
     want: dict[int, list[int]] = {}
     for i, t in enumerate(targets):
         want.setdefault(id(t), []).append(i)
@@ -145,18 +189,15 @@ def locate(fn: Callable, targets: list) -> list[Chain | None]:
         for i in want.get(id(child), ()):
             if len(candidates[i]) < 4 and _same(child, targets[i]):
                 candidates[i].append(chain)
-    return [_best(c, named) for c in candidates]
+    out = []
+    for chains in candidates:
+        good = [c for c in chains if _named(c, named)]
+        out.append(good or chains[:1])
+    return out
 
 
 def _named(chain: Chain, named: set[str]) -> bool:
-    return all(k in named for kind, k in chain if kind in ("attr", "global"))
-
-
-def _best(chains: list[Chain], named: set[str]) -> Chain | None:
-    for chain in chains:
-        if _named(chain, named):
-            return chain
-    return chains[0] if chains else None
+    return all(k in named for kind, k in chain if kind in ("attr", "getattr", "global"))
 
 
 def _same(child: Any, target: Any) -> bool:
@@ -208,38 +249,75 @@ _STEPS: dict[str, Callable[[Any, Any], Any]] = {
     "global": lambda o, k: o.__globals__[k],
     "item": lambda o, k: o[k],
     "attr": lambda o, k: vars(o)[k],
+    "getattr": getattr,
+    "default": lambda o, k: o.__defaults__[k],
+    "kwdefault": lambda o, k: o.__kwdefaults__[k],
     "child": _child,
 }
 
 _WATCHED = (bool, int, float, complex, str, type(None), np.generic)
 
 
-def watch(fn: Callable) -> tuple[tuple[Chain, Any], ...]:
+def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
     """The Python numbers, strings and functions ``fn`` reads from its state (through
-    names its code uses, a few levels deep), with their values now. A trace depends on
-    them: `changed` tells when one moved."""
-    out: list[tuple[Chain, Any]] = []
+    names its code uses, a few levels deep), with their values now, and the classes of
+    the objects it reads there. A trace depends on them: `changed` tells when one moved.
+
+    Values: numbers, strings, None, NumPy scalars and 0-d arrays (JAX inlines those in
+    the program, so they are compared by value, a copy being kept). Identity: functions
+    and other callables that are not objects of a Python class (``jnp.tanh``, a jitted
+    function). Class: other objects (``self.loss = Huber()`` in place of ``MSE()``).
+    Values under dict keys that the code names come first in the bound.
+    """
+    out: list[tuple[Chain, Any, str]] = []
     named: set[str] = set()
     for chain, value in list(_walk(fn, named, depth=_WATCH_DEPTH)):
-        function = isinstance(value, (types.FunctionType, types.MethodType))
-        if isinstance(value, _WATCHED) or (function and len(chain) <= 2):
-            out.append((chain, value))
-    return tuple((c, v) for c, v in out if _named(c, named))[:_MAX_WATCHED]
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            out.append((chain, value.copy(), "value"))
+        elif isinstance(value, _WATCHED):
+            out.append((chain, value, "value"))
+        elif isinstance(value, (jax.Array, np.ndarray, list, tuple, dict, type)):
+            continue
+        elif hasattr(value, "__dict__") and not _plain_callable(value):
+            out.append((chain, type(value), "type"))
+        elif callable(value):
+            out.append((chain, value, "ident"))
+    keys = named | _code_strings(fn)
+    out = [w for w in out if _named(w[0], named)]
+    out.sort(key=lambda w: not all(k in keys for kind, k in w[0] if kind == "item"))
+    return tuple(out[:_MAX_WATCHED])
+
+
+def _plain_callable(value: Any) -> bool:
+    """A function, method, partial or other callable that is not a user object."""
+    if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
+        return True
+    call = getattr(type(value), "__call__", None)
+    return callable(value) and not isinstance(call, types.FunctionType)
+
+
+def _code_strings(fn: Callable) -> set:
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return set() if code is None else {c for c in code.co_consts if isinstance(c, str)}
 
 
 _WATCH_DEPTH = 4
 _MAX_WATCHED = 64
 
 
-def changed(fn: Callable, watched: tuple[tuple[Chain, Any], ...]) -> bool:
+def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
     """Whether a value recorded by `watch` is no longer the same."""
-    for chain, value in watched:
+    for chain, value, how in watched:
         try:
             now = fetch(fn, chain)
         except Gone:
             return True
-        if now is not value and (type(now) is not type(value) or not _equal(now, value)):
-            return True
+        if how == "type":
+            if type(now) is not value:
+                return True
+        elif now is not value:
+            if how == "ident" or type(now) is not type(value) or not _equal(now, value):
+                return True
     return False
 
 

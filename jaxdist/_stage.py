@@ -63,9 +63,12 @@ class Staged:
         closed = jax.make_jaxpr(body, axis_env=axis_env or [])(*examples)
         consts = list(closed.consts)
         out_consts = [x for x in outputs() if _is_array(x)]
-        chains = _capture.locate(fn, consts + out_consts) if consts or out_consts else []
+        found = _capture.locate_all(fn, consts + out_consts) if consts or out_consts else []
+        chains = [c[0] if c else None for c in found]
         lifted = [(i, c) for i, c in enumerate(chains[: len(consts)]) if c is not None]
         self._lifted = [(i, c, np.shape(consts[i]), consts[i].dtype) for i, c in lifted]
+        # one array read under two names was traced as one: valid while they hold one array
+        self._aliases = [(k, c) for k, (i, _) in enumerate(lifted) for c in found[i][1:]]
         for i, _ in lifted:
             consts[i] = None  # not kept: read again on every call
         self._consts = consts
@@ -97,22 +100,33 @@ class Staged:
         if self._watched and _capture.changed(fn, self._watched):
             return None
         out = []
-        for k, (_, chain, shape, dtype) in enumerate(self._lifted):
+        for _, chain, shape, dtype in self._lifted:
             try:
                 v = _capture.fetch(fn, chain)
             except _capture.Gone:
                 return None
             if not _is_array(v) or np.shape(v) != shape or v.dtype != dtype:
                 return None
-            if place is not None:
-                v = self._place(k, v, place)
             out.append(v)
+        if self._aliases and not self._same_aliases(fn, out):
+            return None
+        if place is not None:
+            out = [self._place(k, v, place) for k, v in enumerate(out)]
         for chain in self._outs.values():
             try:
                 _capture.fetch(fn, chain)
             except _capture.Gone:
                 return None
         return out
+
+    def _same_aliases(self, fn: Callable, values: list) -> bool:
+        for k, chain in self._aliases:
+            try:
+                if _capture.fetch(fn, chain) is not values[k]:
+                    return False
+            except _capture.Gone:
+                return False
+        return True
 
     def _place(self, k: int, v: Any, place: Callable[[Any], Any]) -> Any:
         if not isinstance(v, jax.Array):

@@ -304,3 +304,166 @@ def test_a_typed_prng_key_on_the_object_is_read_each_call(strategy):
         t.key = jax.random.split(t.key)[0]
     assert seen == pytest.approx(want) and len(set(seen)) == 3
     assert jd.experimental.step_count(t.step) == 1
+
+
+# -- a hostile review's programs (each gave a stale answer, or traced on every call) --------
+
+
+def accumulate(strategy, step, set_state, calls=3):
+    """Runs ``step`` ``calls`` times, storing its result as the state it reads."""
+    x, seen = batch(strategy), []
+    for _ in range(calls):
+        out = strategy.experimental_local_results(strategy.run(step, args=(x,)))[0]
+        set_state(out)
+        seen.append(float(out))
+    return seen
+
+
+def test_one_array_read_under_two_names_then_rebound_under_one(strategy):
+    """``self.w = self.ema = zeros`` traces one constant; rebinding ``w`` alone must not
+    feed the new ``w`` to the read of ``ema`` as well."""
+
+    class T:
+        def __init__(self):
+            self.w = self.ema = jnp.zeros(())
+
+        def step(self, x):
+            return self.w + 10.0 * self.ema + 0.0 * total(x)
+
+    t, x = T(), batch(strategy)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 0.0
+    t.w = jnp.float32(1.0)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 1.0  # TF eager: 1 + 10 * 0
+    t.ema = jnp.float32(2.0)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 21.0
+
+
+def test_a_class_level_default_then_an_instance_attribute(strategy):
+    class Counter:
+        w = jnp.zeros(())  # the class's default, until the instance sets its own
+
+        def step(self, x):
+            return self.w + total(x)
+
+    c = Counter()
+    assert accumulate(strategy, c.step, lambda v: setattr(c, "w", v)) == [8.0, 16.0, 24.0]
+    assert jd.experimental.step_count(c.step) == 1
+
+
+def test_a_number_the_class_holds_then_the_instance_sets(strategy):
+    class T:
+        scale = 1.0
+
+        def step(self, x):
+            return self.scale * total(x)
+
+    t, x = T(), batch(strategy)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 8.0
+    t.scale = 3.0
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 24.0
+
+
+def test_an_object_with_slots_is_read_each_call_and_traced_once(strategy):
+    class T:
+        __slots__ = ("w",)  # not weakly referenceable, no __dict__
+
+        def __init__(self):
+            self.w = jnp.zeros(())
+
+        def step(self, x):
+            return self.w + total(x)
+
+    t = T()
+    assert accumulate(strategy, t.step, lambda v: setattr(t, "w", v), 4) == [8, 16, 24, 32]
+    assert jd.experimental.step_count(t.step) == 1
+
+
+def test_state_found_past_big_unrelated_containers_on_the_object(strategy):
+    """A trainer holding its data (thousands of arrays) next to its model."""
+
+    class Model:
+        def __init__(self):
+            self.params = {"dense": {"kernel": jnp.zeros(())}}
+
+    class T:
+        def __init__(self):
+            self.train_batches = [np.ones(2, np.float32) for _ in range(2500)]
+            self.eval_batches = [np.ones(2, np.float32) for _ in range(2500)]
+            self.model = Model()
+
+        def step(self, x):
+            return self.model.params["dense"]["kernel"] + total(x)
+
+    t = T()
+
+    def set_state(v):
+        t.model.params = {"dense": {"kernel": v}}
+
+    assert accumulate(strategy, t.step, set_state) == [8.0, 16.0, 24.0]
+
+
+def test_a_number_read_from_a_big_dict_of_hyperparameters(strategy):
+    class T:
+        def __init__(self):
+            self.hp = {f"unused_{i}": float(i) for i in range(100)}
+            self.hp["lr"] = 1.0
+
+        def step(self, x):
+            return self.hp["lr"] * total(x)
+
+    t, x = T(), batch(strategy)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 8.0
+    t.hp["lr"] = 3.0
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 24.0
+
+
+def test_a_function_or_loss_object_swapped_on_a_nested_object(strategy):
+    class Huber:
+        def __call__(self, v):
+            return v * 0.5
+
+    class Mse:
+        def __call__(self, v):
+            return v * 2.0
+
+    class Model:
+        def __init__(self):
+            self.activation = jnp.tanh
+            self.loss = Mse()
+
+    class T:
+        def __init__(self):
+            self.model = Model()
+
+        def step(self, x):
+            return self.model.loss(self.model.activation(total(x) * 0.0 + 1.0))
+
+    t, x = T(), batch(strategy)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == pytest.approx(2 * np.tanh(1.0))
+    t.model.activation = jnp.exp
+    assert first(strategy, strategy.run(t.step, args=(x,))) == pytest.approx(2 * np.e)
+    t.model.loss = Huber()  # another class, no state of its own
+    assert first(strategy, strategy.run(t.step, args=(x,))) == pytest.approx(0.5 * np.e)
+
+
+def test_a_default_argument_is_read_each_call(strategy):
+    def step(x, w=jnp.zeros(())):
+        return w + total(x)
+
+    def set_state(v):
+        step.__defaults__ = (v,)
+
+    assert accumulate(strategy, step, set_state) == [8.0, 16.0, 24.0]
+
+
+def test_a_zero_d_numpy_array_changed_in_place(strategy):
+    """JAX inlines a 0-d NumPy constant into the program: it is compared by value."""
+    acc = np.zeros((), np.float32)
+
+    def step(x):
+        return jnp.asarray(acc) + total(x)
+
+    def set_state(v):
+        acc[...] = v
+
+    assert accumulate(strategy, step, set_state) == [8.0, 16.0, 24.0]
