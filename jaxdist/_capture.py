@@ -19,6 +19,7 @@ README's limits).
 
 from __future__ import annotations
 
+import dis
 import functools
 import types
 from collections.abc import Callable, Iterator
@@ -47,6 +48,21 @@ def _code_names(code: types.CodeType) -> set[str]:
 
 
 @functools.lru_cache(maxsize=1024)
+def global_names(code: types.CodeType) -> frozenset[str]:
+    """The globals a code object (and the code nested in it) reads: the names of its
+    global loads, not its attribute names (``model.params`` does not read a global
+    ``params``)."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_OPS}
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= global_names(c)
+    return frozenset(names)
+
+
+_GLOBAL_OPS = ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL")
+
+
+@functools.lru_cache(maxsize=1024)
 def code_names(code: types.CodeType) -> frozenset[str]:
     """The global and attribute names a code object (and the code nested in it) uses."""
     return frozenset(_code_names(code))
@@ -58,6 +74,18 @@ def _pytree_children(obj: Any) -> tuple[list, Any] | None:
     if len(kids) == 1 and kids[0] is obj:
         return None
     return kids, treedef
+
+
+def _child_names(obj: Any, n: int) -> list:
+    """The field names of a pytree node's children (a flax ``TrainState``'s ``params``,
+    ``step``), None where its keys are not names, so that `_named` can tell the fields
+    the code reads from the others."""
+    try:
+        paths, _ = jax.tree_util.tree_flatten_with_path(obj, is_leaf=lambda x: x is not obj)
+        names = [getattr(p[0], "name", None) if p else None for p, _ in paths]
+    except Exception:  # noqa: BLE001 - a node without key paths: no names
+        return [None] * n
+    return names if len(names) == n else [None] * n
 
 
 def _children(obj: Any) -> Iterator[tuple[tuple, Any]]:
@@ -78,7 +106,7 @@ def _children(obj: Any) -> Iterator[tuple[tuple, Any]]:
             except ValueError:  # an empty cell
                 continue
         glob = obj.__globals__
-        for name in code_names(obj.__code__):
+        for name in global_names(obj.__code__):
             if name in glob:
                 yield ("global", name), glob[name]
         for i, a in enumerate(obj.__defaults__ or ()):
@@ -96,8 +124,9 @@ def _children(obj: Any) -> Iterator[tuple[tuple, Any]]:
             yield ("local", None), obj.__jaxdist_local__()
         node = _pytree_children(obj)
         if node is not None:
+            names = _child_names(obj, len(node[0]))
             for i, a in enumerate(node[0]):
-                yield ("child", (node[1], i)), a
+                yield ("child", (node[1], i, names[i])), a
         else:
             own = vars(obj) if hasattr(obj, "__dict__") else {}
             for k, a in list(own.items())[:_MAX_ITEMS]:
@@ -133,7 +162,7 @@ def _walk(fn: Callable, named: set[str], depth: int = _MAX_DEPTH) -> Iterator[tu
     along the others (``self.dataset``), so that big unrelated containers on an object
     cannot use up the bound before the state the step reads is found.
     """
-    seen = {id(fn)}
+    seen = {id(fn): 2}
     frontier: list[tuple[Any, Chain]] = [(fn, ())]
     deferred: list[tuple[Any, Chain]] = []
     nodes = 0
@@ -151,10 +180,14 @@ def _walk(fn: Callable, named: set[str], depth: int = _MAX_DEPTH) -> Iterator[tu
                     nodes += 1
                     here = (*chain, step)
                     yield here, child
-                    if id(child) not in seen and _expandable(child):
-                        seen.add(id(child))
-                        keep = later or _named(here, named)
-                        (nxt if keep else deferred).append((child, here))
+                    if seen.get(id(child), 0) < 2 and _expandable(child):
+                        named_here = _named(here, named)
+                        if id(child) in seen and not named_here:
+                            continue
+                        # a second path through the code's names finds an alias
+                        # (``self.params = self.ema = tree``)
+                        seen[id(child)] = seen.get(id(child), 0) + 1
+                        (nxt if later or named_here else deferred).append((child, here))
                 if nodes > _MAX_NODES:
                     return
             frontier = nxt
@@ -197,7 +230,14 @@ def locate_all(fn: Callable, targets: list) -> list[list[Chain]]:
 
 
 def _named(chain: Chain, named: set[str]) -> bool:
-    return all(k in named for kind, k in chain if kind in ("attr", "getattr", "global"))
+    return all(_name(kind, k) in named for kind, k in chain if _name(kind, k) is not None)
+
+
+def _name(kind: str, key: Any) -> str | None:
+    """The name a chain step reads by (attributes, globals, a pytree node's fields)."""
+    if kind in ("attr", "getattr", "global"):
+        return key
+    return key[2] if kind == "child" else None
 
 
 def _same(child: Any, target: Any) -> bool:
@@ -292,8 +332,8 @@ def _plain_callable(value: Any) -> bool:
     """A function, method, partial or other callable that is not a user object."""
     if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
         return True
-    call = getattr(type(value), "__call__", None)
-    return callable(value) and not isinstance(call, types.FunctionType)
+    defined = [c.__dict__["__call__"] for c in type(value).__mro__ if "__call__" in c.__dict__]
+    return callable(value) and not (defined and isinstance(defined[0], types.FunctionType))
 
 
 def _code_strings(fn: Callable) -> set:

@@ -467,3 +467,78 @@ def test_a_zero_d_numpy_array_changed_in_place(strategy):
         acc[...] = v
 
     assert accumulate(strategy, step, set_state) == [8.0, 16.0, 24.0]
+
+
+params = {"w": jnp.zeros(())}  # a script's initial parameters, under the name a model uses
+
+
+class Holder:
+    pass
+
+
+model = Holder()
+
+
+def test_a_global_named_like_an_attribute_the_step_reads_is_not_read(strategy):
+    """``model.params`` reads an attribute, not the global ``params`` (the same dict at
+    first): rebinding ``model.params`` is what the step must see."""
+    model.params = params
+    step = lambda x: model.params["w"] + total(x)  # noqa: E731
+
+    def set_state(v):
+        model.params = {"w": v}
+
+    assert accumulate(strategy, step, set_state) == [8.0, 16.0, 24.0]
+
+
+def test_one_dict_read_under_two_names_then_rebound_under_one(strategy):
+    class T:
+        def __init__(self):
+            self.params = self.ema = {"w": jnp.zeros(())}
+
+        def step(self, x):
+            return self.params["w"] + 10.0 * self.ema["w"] + 0.0 * total(x)
+
+    t, x = T(), batch(strategy)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 0.0
+    t.params = {"w": jnp.float32(1.0)}
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 1.0  # TF eager: 1 + 10 * 0
+
+
+def test_a_flax_train_state_on_the_trainer_is_traced_once():
+    """TrainState.apply_gradients counts its Python int ``step``; a step that does not
+    read it must not be traced again on every call (it was: 1 trace per call)."""
+    optax = pytest.importorskip("optax")
+    nn = pytest.importorskip("flax.linen")
+    train_state = pytest.importorskip("flax.training.train_state")
+    s, dense = mirrored(4), nn.Dense(1)
+    init = dense.init(jax.random.key(0), jnp.ones((1, 2)))
+    data = np.arange(8, dtype=np.float32).reshape(4, 2)
+
+    class Trainer:
+        def __init__(self):
+            self.state = train_state.TrainState.create(
+                apply_fn=dense.apply, params=init, tx=optax.sgd(0.1)
+            )
+
+        def train_step(self, x):
+            def loss(p):
+                per_example = self.state.apply_fn(p, x)[:, 0] ** 2
+                return jd.nn.compute_average_loss(per_example, global_batch_size=4)
+
+            grads = jax.grad(loss)(self.state.params)
+            return jd.get_replica_context().all_reduce("SUM", grads)
+
+    t, want = (
+        Trainer(),
+        train_state.TrainState.create(apply_fn=dense.apply, params=init, tx=optax.sgd(0.1)),
+    )
+    x = next(iter(s.experimental_distribute_dataset([data])))
+    for _ in range(4):
+        grads = s.experimental_local_results(s.run(t.train_step, args=(x,)))[0]
+        t.state = t.state.apply_gradients(grads=grads)
+        one = jax.grad(lambda p: jnp.mean(dense.apply(p, data)[:, 0] ** 2))(want.params)
+        want = want.apply_gradients(grads=one)
+    for got, ref in zip(jax.tree.leaves(t.state.params), jax.tree.leaves(want.params)):
+        np.testing.assert_allclose(got, ref, rtol=1e-5)
+    assert jd.experimental.step_count(t.train_step) == 1
