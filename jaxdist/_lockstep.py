@@ -198,6 +198,9 @@ def _sync(eqn: Any, ins: list[Value], members: tuple) -> Run:
 def unsupported(name: str) -> RuntimeError:
     what = {
         "while": "a lax.while_loop (or a fori_loop with a traced trip count)",
+        # scans are unrolled; one is left only on a replica with no example (zero rows)
+        "scan": "a lax.scan / lax.map over the rows of a replica that got no example "
+        "(it calls the collective no time, the others once per row; TF would hang)",
     }.get(name, f"'{name}'")
     if name in UNSUPPORTED:
         what = f"lax.{name} (not available in partial-batch steps)"

@@ -389,3 +389,14 @@ def test_lax_map_over_the_rows_of_a_replica_with_no_example(jitted):
         [],
     ]
     assert [g[1] for g in got] == [float(squares.sum())] * 4
+
+
+def test_a_collective_in_a_scan_over_rows_with_an_empty_replica_is_a_clear_error():
+    """The replicas with rows call the psum once per row, the empty one never."""
+    s = strategy(4)
+
+    def step(x):
+        return lax.scan(lambda c, row: (c + lax.psum(jnp.sum(row), jd.AXIS), None), 0.0, x)[0]
+
+    with pytest.raises(RuntimeError, match="replica that got no example"):
+        s.run(step, args=(batch(s, np.ones((6, 3))),))
