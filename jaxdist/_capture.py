@@ -316,7 +316,7 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
             out.append((chain, value.copy(), "value"))
         elif isinstance(value, _WATCHED):
             out.append((chain, value, "value"))
-        elif isinstance(value, (jax.Array, np.ndarray, list, tuple, dict, type)):
+        elif isinstance(value, (jax.Array, np.ndarray, list, tuple, dict, type, types.ModuleType)):
             continue
         elif hasattr(value, "__dict__") and not _plain_callable(value):
             out.append((chain, type(value), "type"))
@@ -324,7 +324,7 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
             out.append((chain, value, "ident"))
     keys = named | _code_strings(fn)
     out = [w for w in out if _named(w[0], named)]
-    out.sort(key=lambda w: not all(k in keys for kind, k in w[0] if kind == "item"))
+    out.sort(key=lambda w: (not all(k in keys for kind, k in w[0] if kind == "item"), _ORDER[w[2]]))
     return tuple(out[:_MAX_WATCHED])
 
 
@@ -343,6 +343,7 @@ def _code_strings(fn: Callable) -> set:
 
 _WATCH_DEPTH = 4
 _MAX_WATCHED = 64
+_ORDER = {"value": 0, "ident": 1, "type": 2}  # numbers first in the bound
 
 
 def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
