@@ -213,20 +213,32 @@ def locate_all(fn: Callable, targets: list) -> list[list[Chain]]:
     want: dict[int, list[int]] = {}
     for i, t in enumerate(targets):
         want.setdefault(id(t), []).append(i)
-        base = getattr(t, "base", None) if isinstance(t, np.ndarray) else None
-        if base is not None:  # JAX keeps a NumPy constant as a view of the user's array
-            want.setdefault(id(base), []).append(i)
+        if isinstance(t, np.ndarray) and t.base is not None:
+            # JAX keeps a NumPy constant as a view of the user's array, or of a view of
+            # it taken in the step (``table[0]``): found through the memory's owner
+            want.setdefault(id(_owner(t)), []).append(i)
     candidates: list[list[Chain]] = [[] for _ in targets]
     named: set[str] = set()
     for chain, child in _walk(fn, named):
-        for i in want.get(id(child), ()):
-            if len(candidates[i]) < 4 and _same(child, targets[i]):
+        keys = {id(child), id(_owner(child))} if isinstance(child, np.ndarray) else {id(child)}
+        for i in {i for k in keys for i in want.get(k, ())}:
+            if len(candidates[i]) >= 4:
+                continue
+            if _same(child, targets[i]):
                 candidates[i].append(chain)
+            elif _inside(targets[i], child):
+                candidates[i].append((*chain, ("view", _view_spec(child, targets[i]))))
     out = []
     for chains in candidates:
+        chains.sort(key=lambda c: c[-1][0] == "view")  # the array itself before a view
         good = [c for c in chains if _named(c, named)]
         out.append(good or chains[:1])
     return out
+
+
+def same_array(a: Any, b: Any) -> bool:
+    """``a`` is ``b``, or both are NumPy arrays over the same memory, laid out alike."""
+    return a is b or _same(a, b)
 
 
 def _named(chain: Chain, named: set[str]) -> bool:
@@ -243,12 +255,51 @@ def _name(kind: str, key: Any) -> str | None:
 def _same(child: Any, target: Any) -> bool:
     if child is target:
         return True
-    return (
+    return (  # a NumPy view of all of ``child``, as it is laid out
         isinstance(child, np.ndarray)
         and isinstance(target, np.ndarray)
         and child.shape == target.shape
         and child.dtype == target.dtype
+        and child.strides == target.strides
+        and child.__array_interface__["data"][0] == target.__array_interface__["data"][0]
     )
+
+
+def _owner(x: np.ndarray) -> Any:
+    while isinstance(x.base, np.ndarray):
+        x = x.base
+    return x.base if x.base is not None else x
+
+
+def _inside(view: Any, base: Any) -> bool:
+    """Whether NumPy array ``view`` lies in the memory of NumPy array ``base``."""
+    if not (isinstance(view, np.ndarray) and isinstance(base, np.ndarray)):
+        return False
+    low, high = _bounds(view)
+    base_low, base_high = _bounds(base)
+    return base_low <= low and high <= base_high and base.flags.c_contiguous
+
+
+def _bounds(x: np.ndarray) -> tuple[int, int]:
+    start = x.__array_interface__["data"][0]
+    extents = [(n - 1) * s for n, s in zip(x.shape, x.strides)]
+    low = start + sum(min(0, e) for e in extents)
+    return low, start + sum(max(0, e) for e in extents) + x.itemsize
+
+
+def _view_spec(base: np.ndarray, view: np.ndarray) -> tuple:
+    """Where ``view`` (``table[0]``, ``table.T`` taken in the step) lies in ``base``."""
+    offset = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    layout = (base.shape, base.strides, base.dtype.str)
+    return (offset, view.shape, view.strides, view.dtype.str, layout)
+
+
+def _view(base: Any, spec: tuple) -> np.ndarray:
+    """The same view of the array now at ``base``'s place (its new values too)."""
+    offset, shape, strides, dtype, layout = spec
+    if not isinstance(base, np.ndarray) or (base.shape, base.strides, base.dtype.str) != layout:
+        raise Gone("the array a view was taken of changed layout")
+    return np.ndarray(shape, np.dtype(dtype), buffer=base, offset=offset, strides=strides)
 
 
 def _safe_children(obj: Any) -> list:
@@ -293,6 +344,7 @@ _STEPS: dict[str, Callable[[Any, Any], Any]] = {
     "default": lambda o, k: o.__defaults__[k],
     "kwdefault": lambda o, k: o.__kwdefaults__[k],
     "child": _child,
+    "view": _view,
 }
 
 _WATCHED = (bool, int, float, complex, str, type(None), np.generic)

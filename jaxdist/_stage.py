@@ -122,7 +122,7 @@ class Staged:
     def _same_aliases(self, fn: Callable, values: list) -> bool:
         for k, chain in self._aliases:
             try:
-                if _capture.fetch(fn, chain) is not values[k]:
+                if not _capture.same_array(_capture.fetch(fn, chain), values[k]):
                     return False
             except _capture.Gone:
                 return False

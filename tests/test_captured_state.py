@@ -542,3 +542,33 @@ def test_a_flax_train_state_on_the_trainer_is_traced_once():
     for got, ref in zip(jax.tree.leaves(t.state.params), jax.tree.leaves(want.params)):
         np.testing.assert_allclose(got, ref, rtol=1e-5)
     assert jd.experimental.step_count(t.train_step) == 1
+
+
+TABLE = np.arange(6, dtype=np.float32).reshape(2, 3)  # itself a view of its arange
+
+
+def test_a_numpy_view_taken_in_the_step_is_taken_again_each_call(strategy):
+    """``table[0]`` and ``table.T`` computed by NumPy in the step: the view is taken again
+    of the array now there (changed in place, or rebound), with one trace."""
+    global TABLE
+    TABLE = np.arange(6, dtype=np.float32).reshape(2, 3)
+
+    def step():
+        return jnp.asarray(TABLE[1]), jnp.asarray(TABLE.T), jnp.asarray(TABLE[:, ::-1])
+
+    def check():
+        row, t, flipped = (first_all(strategy, v) for v in strategy.run(step))
+        np.testing.assert_array_equal(row, TABLE[1])
+        np.testing.assert_array_equal(t, TABLE.T)
+        np.testing.assert_array_equal(flipped, TABLE[:, ::-1])
+
+    check()
+    TABLE[1] = [7.0, 8.0, 9.0]  # in place
+    check()
+    TABLE = np.full((2, 3), 5.0, np.float32)  # rebound, same layout
+    check()
+    assert jd.experimental.step_count(step) == 1
+
+
+def first_all(strategy, out):
+    return np.asarray(strategy.experimental_local_results(out)[0])
