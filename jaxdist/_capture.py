@@ -241,6 +241,35 @@ def same_array(a: Any, b: Any) -> bool:
     return a is b or _same(a, b)
 
 
+def leaked(fn: Callable) -> str | None:
+    """Where ``fn``'s state holds a JAX tracer (a value the step computed and stored,
+    ``self.w = self.w + g``), as Python would name it; None if nowhere."""
+    for chain, child in _walk(fn, set()):
+        if isinstance(child, jax.core.Tracer):
+            return describe(fn, chain)
+    return None
+
+
+def describe(fn: Callable, chain: Chain) -> str:
+    """``chain`` as Python source would read it (``self.model.params['w']``)."""
+    out, obj = "", fn
+    for kind, key in chain:
+        if kind == "self":
+            out = "self"
+        elif kind == "cell":
+            out = obj.__code__.co_freevars[key]
+        elif kind in ("global", "default", "kwdefault"):
+            out = key if kind == "global" else f"{out or 'a default argument'}"
+        elif kind in ("attr", "getattr"):
+            out += f".{key}"
+        elif kind == "item":
+            out += f"[{key!r}]"
+        elif kind == "child":
+            out += f".{key[2]}" if key[2] else f"[{key[1]}]"
+        obj = _STEPS[kind](obj, key) if kind != "view" else obj
+    return out
+
+
 def _named(chain: Chain, named: set[str]) -> bool:
     return all(_name(kind, k) in named for kind, k in chain if _name(kind, k) is not None)
 

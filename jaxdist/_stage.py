@@ -21,6 +21,7 @@ from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
 from jaxdist import _capture
 from jaxdist._layout import is_tracer
+from jaxdist._validate import describe
 
 
 def _spec(x: Any) -> Any:
@@ -60,7 +61,19 @@ class Staged:
         axis_env: list | None = None,
         outputs: Callable[[], list] = list,
     ) -> None:
+        # the Python values read before the trace: a step that changes one (``self.n +=
+        # 1``) is traced again on the next call, as TF eager runs it on every call
+        self._watched = _capture.watch(fn)
         closed = jax.make_jaxpr(body, axis_env=axis_env or [])(*examples)
+        where = _capture.leaked(fn)
+        if where is not None:
+            raise RuntimeError(
+                f"The step {describe(fn)} stored a value it computed in {where} (a JAX "
+                "tracer): jaxdist traces the step once, so an assignment inside it does not "
+                "happen on every call, and the stored tracer is invalid once the trace ends. "
+                f"Return the new value from the step and assign it after strategy.run "
+                f"({where} = strategy.run(...)), as with a tf.Variable's assign."
+            )
         consts = list(closed.consts)
         out_consts = [x for x in outputs() if _is_array(x)]
         found = _capture.locate_all(fn, consts + out_consts) if consts or out_consts else []
@@ -73,11 +86,9 @@ class Staged:
             consts[i] = None  # not kept: read again on every call
         self._consts = consts
         self._jaxpr = closed.jaxpr
-        self._outs = {
-            id(x): c for x, c in zip(out_consts, chains[len(consts) :]) if c is not None
-        }
-        self._watched = _capture.watch(fn)
+        self._outs = {id(x): c for x, c in zip(out_consts, chains[len(consts) :]) if c is not None}
         self._placed: list = [None] * len(self._lifted)
+        self._fresh = True
         self.num_inputs = len(self._lifted)
 
     def evaluate(self, *args: Any) -> list:
@@ -97,7 +108,8 @@ class Staged:
         state is not copied again on every call. NumPy arrays are placed every call
         (they can change in place).
         """
-        if self._watched and _capture.changed(fn, self._watched):
+        fresh, self._fresh = self._fresh, False  # the call that traced it ran the step
+        if self._watched and not fresh and _capture.changed(fn, self._watched):
             return None
         out = []
         for _, chain, shape, dtype in self._lifted:

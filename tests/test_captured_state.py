@@ -572,3 +572,39 @@ def test_a_numpy_view_taken_in_the_step_is_taken_again_each_call(strategy):
 
 def first_all(strategy, out):
     return np.asarray(strategy.experimental_local_results(out)[0])
+
+
+def test_a_step_assigning_a_computed_value_to_its_state_is_a_clear_error(strategy):
+    """``self.w = self.w + g`` inside the step stores a tracer (it was kept silently, and
+    every later call gave the first call's answer)."""
+
+    class T:
+        def __init__(self):
+            self.w = jnp.zeros(())
+
+        def step(self, x):
+            self.w = self.w + total(x)
+            return self.w
+
+    t = T()
+    with pytest.raises(RuntimeError, match=r"stored a value it computed in self\.w"):
+        strategy.run(t.step, args=(batch(strategy),))
+
+
+def test_a_python_number_the_step_changes_is_current_on_every_call(strategy):
+    """TF eager runs the step's Python on every call: a counter it increments and reads
+    gives 1, 2, 3 (it gave 1, 1, 1: the Python ran once, at the trace). The step is traced
+    again on each call (TF eager runs it once per replica; jaxdist once per trace)."""
+
+    class T:
+        def __init__(self):
+            self.calls = 0
+
+        def step(self, x):
+            self.calls += 1
+            return self.calls * total(x)
+
+    t = T()  # a full batch on every replica count: one trace runs the Python once
+    x = next(iter(strategy.experimental_distribute_dataset([np.ones((8, 1), np.float32)])))
+    seen = [first(strategy, strategy.run(t.step, args=(x,))) for _ in range(3)]
+    assert seen == [8.0, 16.0, 24.0] and t.calls == 3
