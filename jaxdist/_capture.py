@@ -32,7 +32,7 @@ Chain = tuple  # ((kind, key), ...) from the step function to a value
 _MAX_NODES = 4000
 _MAX_DEPTH = 8
 _MAX_ITEMS = 2000
-_OPAQUE = (types.ModuleType, type, types.BuiltinFunctionType, str, bytes, int, float, complex)
+_OPAQUE = (types.ModuleType, types.BuiltinFunctionType, str, bytes, int, float, complex)
 
 
 class Gone(Exception):
@@ -113,6 +113,9 @@ def _children(obj: Any) -> Iterator[tuple[tuple, Any]]:
             yield ("default", i), a
         for k, a in (obj.__kwdefaults__ or {}).items():
             yield ("kwdefault", k), a
+    elif isinstance(obj, type):  # ``Config.lr``, or a classmethod's class
+        for cls in obj.__mro__[:-1]:
+            yield from _class_data(cls)
     elif isinstance(obj, (list, tuple)):
         for i, a in enumerate(obj[:_MAX_ITEMS]):
             yield ("item", i), a
@@ -143,11 +146,18 @@ def _class_level(obj: Any, own: dict) -> Iterator[tuple[tuple, Any]]:
         for k in (slots,) if isinstance(slots, str) else slots:
             if k not in own and k not in ("__dict__", "__weakref__") and hasattr(obj, k):
                 yield ("getattr", k), getattr(obj, k)
-        for k, a in list(cls.__dict__.items())[:_MAX_ITEMS]:
-            if k in own or k.startswith("__") or hasattr(type(a), "__get__"):
-                continue  # methods, properties and other descriptors are not state
-            if isinstance(a, (jax.Array, np.ndarray, *_WATCHED, list, tuple, dict)):
-                yield ("getattr", k), a
+        yield from _class_data(cls, own)
+
+
+def _class_data(cls: type, own: dict | None = None) -> Iterator[tuple[tuple, Any]]:
+    """A class's data attributes (not methods, properties or other descriptors)."""
+    if cls.__module__ == "builtins":
+        return
+    for k, a in list(cls.__dict__.items())[:_MAX_ITEMS]:
+        if (own and k in own) or k.startswith("__") or hasattr(type(a), "__get__"):
+            continue
+        if isinstance(a, (jax.Array, np.ndarray, *_WATCHED, list, tuple, dict)):
+            yield ("getattr", k), a
 
 
 def _expandable(obj: Any) -> bool:

@@ -608,3 +608,27 @@ def test_a_python_number_the_step_changes_is_current_on_every_call(strategy):
     x = next(iter(strategy.experimental_distribute_dataset([np.ones((8, 1), np.float32)])))
     seen = [first(strategy, strategy.run(t.step, args=(x,))) for _ in range(3)]
     assert seen == [8.0, 16.0, 24.0] and t.calls == 3
+
+
+def test_a_config_class_read_by_the_step_is_current(strategy):
+    """``Config.lr`` / ``Config.w`` on a class, and a classmethod's ``cls.w``."""
+
+    class Config:
+        lr = 1.0
+        w = jnp.zeros(())
+
+        @classmethod
+        def step(cls, x):
+            return cls.w + cls.lr * total(x)
+
+    def step(x):
+        return Config.w + Config.lr * total(x)
+
+    x = batch(strategy)
+    for fn in (step, Config.step):
+        Config.lr, Config.w = 1.0, jnp.zeros(())
+        assert first(strategy, strategy.run(fn, args=(x,))) == 8.0
+        Config.lr = 2.0
+        assert first(strategy, strategy.run(fn, args=(x,))) == 16.0
+        Config.w = jnp.float32(1.0)
+        assert first(strategy, strategy.run(fn, args=(x,))) == 17.0
