@@ -7,9 +7,8 @@ program. To keep TF's meaning without a trace per call, jaxdist finds, once per
 trace, *where* the step read each such constant (`locate`: a chain of closure
 cells, globals, attributes, items and pytree children from the step function),
 and reads it there again on every call (`fetch`), passing it to the program as
-an argument. Python numbers, strings and functions the step reads directly are
-compared on every call (`watch`); a changed one means a new trace, as a new
-static argument does.
+an argument. The Python values a trace depends on are `jaxdist._watch`'s, which
+walks the same way (`walk`).
 
 Only what can be reached from the step function is seen: arrays held by objects
 that are reached through neither its closure, the globals its code names, its
@@ -78,7 +77,7 @@ def _pytree_children(obj: Any) -> tuple[list, Any] | None:
 
 def _child_names(obj: Any, n: int) -> list:
     """The field names of a pytree node's children (a flax ``TrainState``'s ``params``,
-    ``step``), None where its keys are not names, so that `_named` can tell the fields
+    ``step``), None where its keys are not names, so that `is_named` can tell the fields
     the code reads from the others."""
     try:
         paths, _ = jax.tree_util.tree_flatten_with_path(obj, is_leaf=lambda x: x is not obj)
@@ -156,7 +155,7 @@ def _class_data(cls: type, own: dict | None = None) -> Iterator[tuple[tuple, Any
     for k, a in list(cls.__dict__.items())[:_MAX_ITEMS]:
         if (own and k in own) or k.startswith("__") or hasattr(type(a), "__get__"):
             continue
-        if isinstance(a, (jax.Array, np.ndarray, *_WATCHED, list, tuple, dict)):
+        if isinstance(a, (jax.Array, np.ndarray, *WATCHED, list, tuple, dict)):
             yield ("getattr", k), a
 
 
@@ -164,7 +163,7 @@ def _expandable(obj: Any) -> bool:
     return not isinstance(obj, _OPAQUE) and not isinstance(obj, (jax.Array, np.ndarray))
 
 
-def _walk(fn: Callable, named: set[str], depth: int = _MAX_DEPTH) -> Iterator[tuple[Chain, Any]]:
+def walk(fn: Callable, named: set[str], depth: int = _MAX_DEPTH) -> Iterator[tuple[Chain, Any]]:
     """``(chain, value)`` for what ``fn`` reaches, bounded in nodes and depth; ``named``
     collects the names that the code met on the way uses.
 
@@ -191,7 +190,7 @@ def _walk(fn: Callable, named: set[str], depth: int = _MAX_DEPTH) -> Iterator[tu
                     here = (*chain, step)
                     yield here, child
                     if seen.get(id(child), 0) < 2 and _expandable(child):
-                        named_here = _named(here, named)
+                        named_here = is_named(here, named)
                         if id(child) in seen and not named_here:
                             continue
                         # a second path through the code's names finds an alias
@@ -229,7 +228,7 @@ def locate_all(fn: Callable, targets: list) -> list[list[Chain]]:
             want.setdefault(id(_owner(t)), []).append(i)
     candidates: list[list[Chain]] = [[] for _ in targets]
     named: set[str] = set()
-    for chain, child in _walk(fn, named):
+    for chain, child in walk(fn, named):
         keys = {id(child), id(_owner(child))} if isinstance(child, np.ndarray) else {id(child)}
         for i in {i for k in keys for i in want.get(k, ())}:
             if len(candidates[i]) >= 4:
@@ -241,7 +240,7 @@ def locate_all(fn: Callable, targets: list) -> list[list[Chain]]:
     out = []
     for chains in candidates:
         chains.sort(key=lambda c: c[-1][0] == "view")  # the array itself before a view
-        good = [c for c in chains if _named(c, named)]
+        good = [c for c in chains if is_named(c, named)]
         out.append(good or chains[:1])
     return out
 
@@ -251,36 +250,7 @@ def same_array(a: Any, b: Any) -> bool:
     return a is b or _same(a, b)
 
 
-def leaked(fn: Callable) -> str | None:
-    """Where ``fn``'s state holds a JAX tracer (a value the step computed and stored,
-    ``self.w = self.w + g``), as Python would name it; None if nowhere."""
-    for chain, child in _walk(fn, set()):
-        if isinstance(child, jax.core.Tracer):
-            return describe(fn, chain)
-    return None
-
-
-def describe(fn: Callable, chain: Chain) -> str:
-    """``chain`` as Python source would read it (``self.model.params['w']``)."""
-    out, obj = "", fn
-    for kind, key in chain:
-        if kind == "self":
-            out = "self"
-        elif kind == "cell":
-            out = obj.__code__.co_freevars[key]
-        elif kind in ("global", "default", "kwdefault"):
-            out = key if kind == "global" else f"{out or 'a default argument'}"
-        elif kind in ("attr", "getattr"):
-            out += f".{key}"
-        elif kind == "item":
-            out += f"[{key!r}]"
-        elif kind == "child":
-            out += f".{key[2]}" if key[2] else f"[{key[1]}]"
-        obj = _STEPS[kind](obj, key) if kind != "view" else obj
-    return out
-
-
-def _named(chain: Chain, named: set[str]) -> bool:
+def is_named(chain: Chain, named: set[str]) -> bool:
     return all(_name(kind, k) in named for kind, k in chain if _name(kind, k) is not None)
 
 
@@ -386,75 +356,5 @@ _STEPS: dict[str, Callable[[Any, Any], Any]] = {
     "view": _view,
 }
 
-_WATCHED = (bool, int, float, complex, str, type(None), np.generic)
 
-
-def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
-    """The Python numbers, strings and functions ``fn`` reads from its state (through
-    names its code uses, a few levels deep), with their values now, and the classes of
-    the objects it reads there. A trace depends on them: `changed` tells when one moved.
-
-    Values: numbers, strings, None, NumPy scalars and 0-d arrays (JAX inlines those in
-    the program, so they are compared by value, a copy being kept). Identity: functions
-    and other callables that are not objects of a Python class (``jnp.tanh``, a jitted
-    function). Class: other objects (``self.loss = Huber()`` in place of ``MSE()``).
-    Values under dict keys that the code names come first in the bound.
-    """
-    out: list[tuple[Chain, Any, str]] = []
-    named: set[str] = set()
-    for chain, value in list(_walk(fn, named, depth=_WATCH_DEPTH)):
-        if isinstance(value, np.ndarray) and value.ndim == 0:
-            out.append((chain, value.copy(), "value"))
-        elif isinstance(value, _WATCHED):
-            out.append((chain, value, "value"))
-        elif isinstance(value, (jax.Array, np.ndarray, list, tuple, dict, type, types.ModuleType)):
-            continue
-        elif hasattr(value, "__dict__") and not _plain_callable(value):
-            out.append((chain, type(value), "type"))
-        elif callable(value):
-            out.append((chain, value, "ident"))
-    keys = named | _code_strings(fn)
-    out = [w for w in out if _named(w[0], named)]
-    out.sort(key=lambda w: (not all(k in keys for kind, k in w[0] if kind == "item"), _ORDER[w[2]]))
-    return tuple(out[:_MAX_WATCHED])
-
-
-def _plain_callable(value: Any) -> bool:
-    """A function, method, partial or other callable that is not a user object."""
-    if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
-        return True
-    defined = [c.__dict__["__call__"] for c in type(value).__mro__ if "__call__" in c.__dict__]
-    return callable(value) and not (defined and isinstance(defined[0], types.FunctionType))
-
-
-def _code_strings(fn: Callable) -> set:
-    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
-    return set() if code is None else {c for c in code.co_consts if isinstance(c, str)}
-
-
-_WATCH_DEPTH = 4
-_MAX_WATCHED = 64
-_ORDER = {"value": 0, "ident": 1, "type": 2}  # numbers first in the bound
-
-
-def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
-    """Whether a value recorded by `watch` is no longer the same."""
-    for chain, value, how in watched:
-        try:
-            now = fetch(fn, chain)
-        except Gone:
-            return True
-        if how == "type":
-            if type(now) is not value:
-                return True
-        elif now is not value:
-            if how == "ident" or type(now) is not type(value) or not _equal(now, value):
-                return True
-    return False
-
-
-def _equal(a: Any, b: Any) -> bool:
-    try:
-        return bool(a == b) or (a != a and b != b)  # NaN is its own value here
-    except Exception:  # noqa: BLE001 - a value that cannot be compared counts as changed
-        return False
+WATCHED = (bool, int, float, complex, str, type(None), np.generic)  # compared by value

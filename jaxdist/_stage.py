@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
-from jaxdist import _capture
+from jaxdist import _capture, _watch
 from jaxdist._layout import is_tracer
 from jaxdist._validate import describe
 
@@ -63,9 +63,9 @@ class Staged:
     ) -> None:
         # the Python values read before the trace: a step that changes one (``self.n +=
         # 1``) is traced again on the next call, as TF eager runs it on every call
-        self._watched = _capture.watch(fn)
+        self._watched = _watch.watch(fn)
         closed = jax.make_jaxpr(body, axis_env=axis_env or [])(*examples)
-        where = _capture.leaked(fn)
+        where = _watch.leaked(fn)
         if where is not None:
             raise RuntimeError(
                 f"The step {describe(fn)} stored a value it computed in {where} (a JAX "
@@ -109,7 +109,7 @@ class Staged:
         (they can change in place).
         """
         fresh, self._fresh = self._fresh, False  # the call that traced it ran the step
-        if self._watched and not fresh and _capture.changed(fn, self._watched):
+        if self._watched and not fresh and _watch.changed(fn, self._watched):
             return None
         out = []
         for _, chain, shape, dtype in self._lifted:
