@@ -21,6 +21,7 @@ from __future__ import annotations
 import dis
 import functools
 import types
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -185,6 +186,8 @@ def walk(fn: Callable, named: set[str], depth: int = _MAX_DEPTH) -> Iterator[tup
                     continue
                 if isinstance(obj, types.FunctionType):
                     named |= code_names(obj.__code__)
+                else:
+                    _add_method_names(obj, named)
                 for step, child in _safe_children(obj):
                     nodes += 1
                     here = (*chain, step)
@@ -201,6 +204,41 @@ def walk(fn: Callable, named: set[str], depth: int = _MAX_DEPTH) -> Iterator[tup
                     return
             frontier = nxt
         frontier = sorted(deferred, key=lambda entry: len(entry[1]))
+
+
+def _add_method_names(obj: Any, named: set[str]) -> None:
+    """Adds to ``named`` the names used by the methods and properties of ``obj``'s class
+    that ``named`` names (``self.scale()`` reading ``self.lr``), until none is new."""
+    methods = _methods(obj if isinstance(obj, type) else type(obj))
+    todo = [m for m in methods if m in named]
+    while todo:
+        new = methods[todo.pop()] - named
+        named |= new
+        todo += [m for m in new if m in methods]
+
+
+def _methods(cls: type) -> dict[str, frozenset[str]]:
+    """The names each Python method or property of ``cls`` uses (kept while ``cls`` lives)."""
+    try:
+        return _METHODS[cls]
+    except (KeyError, TypeError):
+        pass
+    out: dict[str, frozenset[str]] = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        if klass.__module__ == "builtins":
+            continue
+        for name, attr in list(vars(klass).items()):
+            attr = getattr(attr, "fget", None) or getattr(attr, "__func__", attr)
+            if isinstance(attr, types.FunctionType):
+                out[name] = code_names(attr.__code__)
+    try:
+        _METHODS[cls] = out
+    except TypeError:  # not weakly referenceable
+        pass
+    return out
+
+
+_METHODS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def locate(fn: Callable, targets: list) -> list[Chain | None]:

@@ -632,3 +632,38 @@ def test_a_config_class_read_by_the_step_is_current(strategy):
         assert first(strategy, strategy.run(fn, args=(x,))) == 16.0
         Config.w = jnp.float32(1.0)
         assert first(strategy, strategy.run(fn, args=(x,))) == 17.0
+
+
+def test_numbers_read_through_helper_methods_and_properties_are_current(strategy):
+    """``self.scale()`` reading ``self.lr``, ``self.opt.apply()`` reading its ``beta``, and
+    a property: the step's own code names none of them."""
+
+    class Opt:
+        def __init__(self):
+            self.beta = 0.0
+
+        def apply(self):
+            return self.beta
+
+    class T:
+        def __init__(self):
+            self.lr, self.opt, self.bias = 1.0, Opt(), 0.0
+
+        @property
+        def offset(self):
+            return self.bias
+
+        def scale(self):
+            return self.lr
+
+        def step(self, x):
+            return self.scale() * total(x) + self.opt.apply() + self.offset
+
+    t, x = T(), batch(strategy)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 8.0
+    t.lr = 2.0
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 16.0
+    t.opt.beta = 1.0
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 17.0
+    t.bias = 10.0
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 27.0
