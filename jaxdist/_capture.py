@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dis
 import functools
+import sys
 import types
 import weakref
 from collections.abc import Callable, Iterator
@@ -161,7 +162,19 @@ def _class_data(cls: type, own: dict | None = None) -> Iterator[tuple[tuple, Any
 
 
 def _expandable(obj: Any) -> bool:
+    if isinstance(obj, types.ModuleType):
+        return _user_module(obj)
     return not isinstance(obj, _OPAQUE) and not isinstance(obj, (jax.Array, np.ndarray))
+
+
+def _user_module(module: types.ModuleType) -> bool:
+    """A module of the user's program (``config.W``), not the standard library or an
+    installed package (whose globals are no step's state)."""
+    top = module.__name__.partition(".")[0]
+    if top in sys.stdlib_module_names or top in ("jaxdist", "builtins"):
+        return False
+    origin = getattr(module, "__file__", None) or ""
+    return "site-packages" not in origin and "dist-packages" not in origin
 
 
 def walk(fn: Callable, named: set[str], depth: int = _MAX_DEPTH) -> Iterator[tuple[Chain, Any]]:

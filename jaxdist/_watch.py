@@ -95,7 +95,7 @@ def _code_strings(fn: Callable) -> set:
     return set() if code is None else {c for c in code.co_consts if isinstance(c, str)}
 
 
-_WATCH_DEPTH = 4
+_WATCH_DEPTH = 6
 _MAX_WATCHED = 64
 _ORDER = {"value": 0, "ident": 1, "type": 2}  # numbers first in the bound
 

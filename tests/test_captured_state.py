@@ -8,6 +8,7 @@ all-reduced batch sum, 8, to the state it read).
 """
 
 import gc
+import types
 import weakref
 
 import jax
@@ -667,3 +668,41 @@ def test_numbers_read_through_helper_methods_and_properties_are_current(strategy
     assert first(strategy, strategy.run(t.step, args=(x,))) == 17.0
     t.bias = 10.0
     assert first(strategy, strategy.run(t.step, args=(x,))) == 27.0
+
+
+config = types.ModuleType("config")  # a user's config.py, imported as a module
+
+
+def test_state_in_a_module_of_the_program_is_current(strategy):
+    """``config.W`` / ``config.LR`` of the user's own module (it was a stale constant)."""
+    config.W, config.LR = jnp.zeros(()), 1.0
+
+    def step(x):
+        return config.W + config.LR * total(x)
+
+    x = batch(strategy)
+    assert first(strategy, strategy.run(step, args=(x,))) == 8.0
+    config.W = jnp.float32(1.0)
+    assert first(strategy, strategy.run(step, args=(x,))) == 9.0
+    config.LR = 2.0
+    assert first(strategy, strategy.run(step, args=(x,))) == 17.0
+
+
+def test_a_number_five_levels_deep_is_current(strategy):
+    class Box:
+        pass
+
+    class T:
+        def __init__(self):
+            self.cfg = Box()
+            self.cfg.optimizer = Box()
+            self.cfg.optimizer.schedule = Box()
+            self.cfg.optimizer.schedule.lr = 1.0
+
+        def step(self, x):
+            return self.cfg.optimizer.schedule.lr * total(x)
+
+    t, x = T(), batch(strategy)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 8.0
+    t.cfg.optimizer.schedule.lr = 2.0
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 16.0
