@@ -197,7 +197,9 @@ def walk(fn: Callable, named: set[str], depth: int = _MAX_DEPTH) -> Iterator[tup
             for obj, chain in frontier:
                 if len(chain) >= depth:
                     continue
-                if isinstance(obj, types.FunctionType):
+                if later:  # reached through names the code does not use: a callback's
+                    pass  # code does not make what it reads the step's
+                elif isinstance(obj, types.FunctionType):
                     named |= code_names(obj.__code__)
                 else:
                     _add_method_names(obj, named)

@@ -61,6 +61,7 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
     the program, so they are compared by value, a copy being kept). Identity: functions
     and other callables that are not objects of a Python class (``jnp.tanh``, a jitted
     function). Class: other objects (``self.loss = Huber()`` in place of ``MSE()``).
+    Size: lists, dicts and partials (an entry added to what the step iterates over).
     Values under dict keys that the code names come first in the bound.
     """
     out: list[tuple[Chain, Any, str]] = []
@@ -70,8 +71,10 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
             out.append((chain, value.copy(), "value"))
         elif isinstance(value, _capture.WATCHED):
             out.append((chain, value, "value"))
-        elif isinstance(value, (jax.Array, np.ndarray, list, tuple, dict, type, types.ModuleType)):
-            continue
+        elif isinstance(value, (list, dict, functools.partial)):
+            out.append((chain, _size(value), "size"))  # an entry more: ``for w in self.ws``
+        elif isinstance(value, _PARTS):
+            continue  # arrays are inputs; tuples, methods: their parts
         elif hasattr(value, "__dict__") and not _plain_callable(value):
             out.append((chain, type(value), "type"))
         elif callable(value):
@@ -95,9 +98,20 @@ def _code_strings(fn: Callable) -> set:
     return set() if code is None else {c for c in code.co_consts if isinstance(c, str)}
 
 
+_PARTS = (
+    jax.Array,
+    np.ndarray,
+    list,
+    tuple,
+    dict,
+    type,
+    types.ModuleType,
+    types.MethodType,  # its function and object are watched (a new bound method each
+    functools.partial,  # ``self.f = self.g`` is the same), a partial's function and arguments
+)
 _WATCH_DEPTH = 6
 _MAX_WATCHED = 64
-_ORDER = {"value": 0, "ident": 1, "type": 2}  # numbers first in the bound
+_ORDER = {"value": 0, "size": 1, "ident": 2, "type": 3}  # numbers first in the bound
 
 
 def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
@@ -110,10 +124,20 @@ def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
         if how == "type":
             if type(now) is not value:
                 return True
+        elif how == "size":
+            if _size(now) != value:
+                return True
         elif now is not value:
             if how == "ident" or type(now) is not type(value) or not _equal(now, value):
                 return True
     return False
+
+
+def _size(x: Any) -> Any:
+    """How many entries a list or dict has (a partial: its arguments), None otherwise."""
+    if isinstance(x, functools.partial):
+        return (len(x.args), len(x.keywords))
+    return len(x) if isinstance(x, (list, dict)) else None
 
 
 def _equal(a: Any, b: Any) -> bool:

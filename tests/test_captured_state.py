@@ -7,6 +7,7 @@ TF 2.21 eager ``strategy.run`` gives 8, 16, 24 for the issue's trainer (the step
 all-reduced batch sum, 8, to the state it read).
 """
 
+import functools
 import gc
 import types
 import weakref
@@ -706,3 +707,56 @@ def test_a_number_five_levels_deep_is_current(strategy):
     assert first(strategy, strategy.run(t.step, args=(x,))) == 8.0
     t.cfg.optimizer.schedule.lr = 2.0
     assert first(strategy, strategy.run(t.step, args=(x,))) == 16.0
+
+
+def test_an_entry_added_to_what_the_step_reads_is_seen(strategy):
+    """A list the step sums over, a dict it reads with ``.get`` and a partial that gets
+    a new keyword: each grew by an entry the first trace never saw (it was ignored)."""
+
+    def loss(v, weight, scale=1.0):
+        return v * weight * scale
+
+    class T:
+        def __init__(self):
+            self.ws, self.hp = [jnp.float32(1.0)], {}
+            self.loss = functools.partial(loss, weight=jnp.float32(1.0))
+
+        def step(self, x):
+            return self.loss(sum(self.ws) * total(x) * self.hp.get("scale", 1.0))
+
+    t, x = T(), batch(strategy)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 8.0
+    t.ws.append(jnp.float32(2.0))
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 24.0
+    t.hp["scale"] = 0.5
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 12.0
+    t.loss = functools.partial(loss, weight=jnp.float32(1.0), scale=2.0)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 24.0
+
+
+def test_a_new_partial_or_bound_method_each_call_is_not_a_new_trace(strategy):
+    """Rebuilt each step with new array arguments (or rebound to the same method): the
+    arrays are inputs, so one trace; a callback reading a growing history is not the
+    step's state."""
+
+    def loss(v, weight):
+        return v * weight
+
+    class T:
+        def __init__(self):
+            self.history = []
+            self.on_epoch_end = lambda: print(self.history[-1])
+
+        def scaled(self, v):
+            return v
+
+        def step(self, x):
+            return self.post(self.loss(total(x)))
+
+    t, x, seen = T(), batch(strategy), []
+    for i in range(4):
+        t.loss, t.post = functools.partial(loss, weight=jnp.float32(i)), t.scaled
+        seen.append(first(strategy, strategy.run(t.step, args=(x,))))
+        t.history.append(seen[-1])
+    assert seen == [0.0, 8.0, 16.0, 24.0]
+    assert jd.experimental.step_count(t.step) == 1
