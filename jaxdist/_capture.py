@@ -18,16 +18,16 @@ README's limits).
 
 from __future__ import annotations
 
-import dis
 import functools
 import sys
 import types
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import numpy as np
+
+from jaxdist import _names
 
 Chain = tuple  # ((kind, key), ...) from the step function to a value
 _MAX_NODES = 4000
@@ -38,35 +38,6 @@ _OPAQUE = (types.ModuleType, types.BuiltinFunctionType, str, bytes, int, float, 
 
 class Gone(Exception):
     """The value a chain led to is no longer there (the step's state changed shape)."""
-
-
-def _code_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            names |= _code_names(c)
-    return names
-
-
-@functools.lru_cache(maxsize=1024)
-def global_names(code: types.CodeType) -> frozenset[str]:
-    """The globals a code object (and the code nested in it) reads: the names of its
-    global loads, not its attribute names (``model.params`` does not read a global
-    ``params``)."""
-    names = {i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_OPS}
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            names |= global_names(c)
-    return frozenset(names)
-
-
-_GLOBAL_OPS = ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL")
-
-
-@functools.lru_cache(maxsize=1024)
-def code_names(code: types.CodeType) -> frozenset[str]:
-    """The global and attribute names a code object (and the code nested in it) uses."""
-    return frozenset(_code_names(code))
 
 
 def _pytree_children(obj: Any) -> tuple[list, Any] | None:
@@ -96,46 +67,49 @@ def _children(obj: Any) -> Iterator[tuple[tuple, Any]]:
         yield ("func", None), obj.__func__
     elif isinstance(obj, functools.partial):
         yield ("pfunc", None), obj.func
-        for i, a in enumerate(obj.args):
-            yield ("parg", i), a
-        for k, a in obj.keywords.items():
-            yield ("pkw", k), a
+        yield from ((("parg", i), a) for i, a in enumerate(obj.args))
+        yield from ((("pkw", k), a) for k, a in obj.keywords.items())
     elif isinstance(obj, types.FunctionType):
-        for i, cell in enumerate(obj.__closure__ or ()):
-            try:
-                yield ("cell", i), cell.cell_contents
-            except ValueError:  # an empty cell
-                continue
-        glob = obj.__globals__
-        for name in global_names(obj.__code__):
-            if name in glob:
-                yield ("global", name), glob[name]
-        for i, a in enumerate(obj.__defaults__ or ()):
-            yield ("default", i), a
-        for k, a in (obj.__kwdefaults__ or {}).items():
-            yield ("kwdefault", k), a
+        yield from _function_children(obj)
     elif isinstance(obj, type):  # ``Config.lr``, or a classmethod's class
         for cls in obj.__mro__[:-1]:
             yield from _class_data(cls)
     elif isinstance(obj, (list, tuple)):
-        for i, a in enumerate(obj[:_MAX_ITEMS]):
-            yield ("item", i), a
+        yield from ((("item", i), a) for i, a in enumerate(obj[:_MAX_ITEMS]))
     elif isinstance(obj, dict):
-        for k in list(obj)[:_MAX_ITEMS]:
-            yield ("item", k), obj[k]
+        yield from ((("item", k), obj[k]) for k in list(obj)[:_MAX_ITEMS])
     else:
-        if hasattr(type(obj), "__jaxdist_local__"):  # a Mirrored used as an array
-            yield ("local", None), obj.__jaxdist_local__()
-        node = _pytree_children(obj)
-        if node is not None:
-            names = _child_names(obj, len(node[0]))
-            for i, a in enumerate(node[0]):
-                yield ("child", (node[1], i, names[i])), a
-        else:
-            own = vars(obj) if hasattr(obj, "__dict__") else {}
-            for k, a in list(own.items())[:_MAX_ITEMS]:
-                yield ("attr", k), a
-            yield from _class_level(obj, own)
+        yield from _object_children(obj)
+
+
+def _function_children(fn: types.FunctionType) -> Iterator[tuple[tuple, Any]]:
+    """Its closure cells, the globals its code loads and its default arguments."""
+    for i, cell in enumerate(fn.__closure__ or ()):
+        try:
+            yield ("cell", i), cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+    glob = fn.__globals__
+    for name in _names.global_names(fn.__code__):
+        if name in glob:
+            yield ("global", name), glob[name]
+    yield from ((("default", i), a) for i, a in enumerate(fn.__defaults__ or ()))
+    yield from ((("kwdefault", k), a) for k, a in (fn.__kwdefaults__ or {}).items())
+
+
+def _object_children(obj: Any) -> Iterator[tuple[tuple, Any]]:
+    """A Mirrored's local component, a pytree node's children, or an object's attributes."""
+    if hasattr(type(obj), "__jaxdist_local__"):  # a Mirrored used as an array
+        yield ("local", None), obj.__jaxdist_local__()
+    node = _pytree_children(obj)
+    if node is not None:
+        names = _child_names(obj, len(node[0]))
+        for i, a in enumerate(node[0]):
+            yield ("child", (node[1], i, names[i])), a
+    else:
+        own = vars(obj) if hasattr(obj, "__dict__") else {}
+        yield from ((("attr", k), a) for k, a in list(own.items())[:_MAX_ITEMS])
+        yield from _class_level(obj, own)
 
 
 def _class_level(obj: Any, own: dict) -> Iterator[tuple[tuple, Any]]:
@@ -197,12 +171,8 @@ def walk(fn: Callable, named: set[str], depth: int = _MAX_DEPTH) -> Iterator[tup
             for obj, chain in frontier:
                 if len(chain) >= depth:
                     continue
-                if later:  # reached through names the code does not use: a callback's
-                    pass  # code does not make what it reads the step's
-                elif isinstance(obj, types.FunctionType):
-                    named |= code_names(obj.__code__)
-                else:
-                    _add_method_names(obj, named)
+                if not later:  # a callback reached through other names is not the step's
+                    _names.add_names(obj, named)
                 for step, child in _safe_children(obj):
                     nodes += 1
                     here = (*chain, step)
@@ -219,41 +189,6 @@ def walk(fn: Callable, named: set[str], depth: int = _MAX_DEPTH) -> Iterator[tup
                     return
             frontier = nxt
         frontier = sorted(deferred, key=lambda entry: len(entry[1]))
-
-
-def _add_method_names(obj: Any, named: set[str]) -> None:
-    """Adds to ``named`` the names used by the methods and properties of ``obj``'s class
-    that ``named`` names (``self.scale()`` reading ``self.lr``), until none is new."""
-    methods = _methods(obj if isinstance(obj, type) else type(obj))
-    todo = [m for m in methods if m in named]
-    while todo:
-        new = methods[todo.pop()] - named
-        named |= new
-        todo += [m for m in new if m in methods]
-
-
-def _methods(cls: type) -> dict[str, frozenset[str]]:
-    """The names each Python method or property of ``cls`` uses (kept while ``cls`` lives)."""
-    try:
-        return _METHODS[cls]
-    except (KeyError, TypeError):
-        pass
-    out: dict[str, frozenset[str]] = {}
-    for klass in reversed(cls.__mro__[:-1]):
-        if klass.__module__ == "builtins":
-            continue
-        for name, attr in list(vars(klass).items()):
-            attr = getattr(attr, "fget", None) or getattr(attr, "__func__", attr)
-            if isinstance(attr, types.FunctionType):
-                out[name] = code_names(attr.__code__)
-    try:
-        _METHODS[cls] = out
-    except TypeError:  # not weakly referenceable
-        pass
-    return out
-
-
-_METHODS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def locate(fn: Callable, targets: list) -> list[Chain | None]:
