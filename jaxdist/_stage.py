@@ -65,6 +65,7 @@ class Staged:
         # 1``) is traced again on the next call, as TF eager runs it on every call
         self._watched = _watch.watch(fn)
         closed = jax.make_jaxpr(body, axis_env=axis_env or [])(*examples)
+        self._watched = _watch.settle(fn, self._watched)
         where = _watch.leaked(fn)
         if where is not None:
             raise RuntimeError(

@@ -133,6 +133,21 @@ def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
     return False
 
 
+def settle(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> tuple:
+    """``watched`` (recorded before the trace) with the sizes as the trace left them: a
+    step appending to a list it reads (``traces.append(1)``, a log) is not traced again
+    for it, while a number it changes (``self.calls += 1``) is, as TF eager counts."""
+    out = []
+    for chain, value, how in watched:
+        if how == "size":
+            try:
+                value = _size(_capture.fetch(fn, chain))
+            except _capture.Gone:
+                continue
+        out.append((chain, value, how))
+    return tuple(out)
+
+
 def _size(x: Any) -> Any:
     """How many entries a list or dict has (a partial: its arguments), None otherwise."""
     if isinstance(x, functools.partial):
