@@ -20,7 +20,13 @@ from typing import Any
 def global_names(code: types.CodeType) -> frozenset[str]:
     """The globals a code object (and the code nested in it) reads: the names of its
     global loads, not its attribute names (``model.params`` does not read a global
-    ``params``)."""
+    ``params``).
+
+    >>> def step(x):
+    ...     return model.params["w"] + x
+    >>> sorted(global_names(step.__code__))
+    ['model']
+    """
     names = {i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_OPS}
     for c in code.co_consts:
         if isinstance(c, types.CodeType):

@@ -63,6 +63,15 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
     function). Class: other objects (``self.loss = Huber()`` in place of ``MSE()``).
     Size: lists, dicts and partials (an entry added to what the step iterates over).
     Values under dict keys that the code names come first in the bound.
+
+    >>> box = {"lr": 0.1}
+    >>> step = lambda x: x * box["lr"]
+    >>> seen = watch(step)
+    >>> changed(step, seen)
+    False
+    >>> box["lr"] = 0.2
+    >>> changed(step, seen)
+    True
     """
     out: list[tuple[Chain, Any, str]] = []
     named: set[str] = set()
@@ -134,14 +143,16 @@ def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
 
 
 def settle(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> tuple:
-    """``watched`` (recorded before the trace) with the sizes as the trace left them: a
-    step appending to a list it reads (``traces.append(1)``, a log) is not traced again
-    for it, while a number it changes (``self.calls += 1``) is, as TF eager counts."""
+    """``watched`` (recorded before the trace) less the sizes the trace changed: a list
+    the step appends to (``traces.append(1)``, a log) is its output, not an input, so
+    its growth does not trace it again; a number it changes (``self.calls += 1``) does,
+    as TF eager counts."""
     out = []
     for chain, value, how in watched:
         if how == "size":
             try:
-                value = _size(_capture.fetch(fn, chain))
+                if _size(_capture.fetch(fn, chain)) != value:
+                    continue
             except _capture.Gone:
                 continue
         out.append((chain, value, how))
