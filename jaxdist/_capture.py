@@ -7,9 +7,8 @@ program. To keep TF's meaning without a trace per call, jaxdist finds, once per
 trace, *where* the step read each such constant (`locate`: a chain of closure
 cells, globals, attributes, items and pytree children from the step function),
 and reads it there again on every call (`fetch`), passing it to the program as
-an argument. Python numbers, strings and functions the step reads directly are
-compared on every call (`watch`); a changed one means a new trace, as a new
-static argument does.
+an argument. The Python values a trace depends on are `jaxdist._watch`'s, which
+walks the same way (`walk`).
 
 Only what can be reached from the step function is seen: arrays held by objects
 that are reached through neither its closure, the globals its code names, its
@@ -20,6 +19,7 @@ README's limits).
 from __future__ import annotations
 
 import functools
+import sys
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,29 +27,17 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxdist import _names
+
 Chain = tuple  # ((kind, key), ...) from the step function to a value
 _MAX_NODES = 4000
 _MAX_DEPTH = 8
 _MAX_ITEMS = 2000
-_OPAQUE = (types.ModuleType, type, types.BuiltinFunctionType, str, bytes, int, float, complex)
+_OPAQUE = (types.ModuleType, types.BuiltinFunctionType, str, bytes, int, float, complex)
 
 
 class Gone(Exception):
     """The value a chain led to is no longer there (the step's state changed shape)."""
-
-
-def _code_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            names |= _code_names(c)
-    return names
-
-
-@functools.lru_cache(maxsize=1024)
-def code_names(code: types.CodeType) -> frozenset[str]:
-    """The global and attribute names a code object (and the code nested in it) uses."""
-    return frozenset(_code_names(code))
 
 
 def _pytree_children(obj: Any) -> tuple[list, Any] | None:
@@ -60,6 +48,18 @@ def _pytree_children(obj: Any) -> tuple[list, Any] | None:
     return kids, treedef
 
 
+def _child_names(obj: Any, n: int) -> list:
+    """The field names of a pytree node's children (a flax ``TrainState``'s ``params``,
+    ``step``), None where its keys are not names, so that `is_named` can tell the fields
+    the code reads from the others."""
+    try:
+        paths, _ = jax.tree_util.tree_flatten_with_path(obj, is_leaf=lambda x: x is not obj)
+        names = [getattr(p[0], "name", None) if p else None for p, _ in paths]
+    except Exception:  # noqa: BLE001 - a node without key paths: no names
+        return [None] * n
+    return names if len(names) == n else [None] * n
+
+
 def _children(obj: Any) -> Iterator[tuple[tuple, Any]]:
     """``((kind, key), child)`` for what ``obj`` reaches: the steps of a chain."""
     if isinstance(obj, types.MethodType):
@@ -67,63 +67,128 @@ def _children(obj: Any) -> Iterator[tuple[tuple, Any]]:
         yield ("func", None), obj.__func__
     elif isinstance(obj, functools.partial):
         yield ("pfunc", None), obj.func
-        for i, a in enumerate(obj.args):
-            yield ("parg", i), a
-        for k, a in obj.keywords.items():
-            yield ("pkw", k), a
+        yield from ((("parg", i), a) for i, a in enumerate(obj.args))
+        yield from ((("pkw", k), a) for k, a in obj.keywords.items())
     elif isinstance(obj, types.FunctionType):
-        for i, cell in enumerate(obj.__closure__ or ()):
-            try:
-                yield ("cell", i), cell.cell_contents
-            except ValueError:  # an empty cell
-                continue
-        glob = obj.__globals__
-        for name in code_names(obj.__code__):
-            if name in glob:
-                yield ("global", name), glob[name]
+        yield from _function_children(obj)
+    elif isinstance(obj, type):  # ``Config.lr``, or a classmethod's class
+        for cls in obj.__mro__[:-1]:
+            yield from _class_data(cls)
     elif isinstance(obj, (list, tuple)):
-        for i, a in enumerate(obj[:_MAX_ITEMS]):
-            yield ("item", i), a
+        yield from ((("item", i), a) for i, a in enumerate(obj[:_MAX_ITEMS]))
     elif isinstance(obj, dict):
-        for k in list(obj)[:_MAX_ITEMS]:
-            yield ("item", k), obj[k]
+        yield from ((("item", k), obj[k]) for k in list(obj)[:_MAX_ITEMS])
     else:
-        if hasattr(type(obj), "__jaxdist_local__"):  # a Mirrored used as an array
-            yield ("local", None), obj.__jaxdist_local__()
-        node = _pytree_children(obj)
-        if node is not None:
-            for i, a in enumerate(node[0]):
-                yield ("child", (node[1], i)), a
-        elif hasattr(obj, "__dict__"):
-            for k, a in list(vars(obj).items())[:_MAX_ITEMS]:
-                yield ("attr", k), a
+        yield from _object_children(obj)
+
+
+def _function_children(fn: types.FunctionType) -> Iterator[tuple[tuple, Any]]:
+    """Its closure cells, the globals its code loads and its default arguments."""
+    for i, cell in enumerate(fn.__closure__ or ()):
+        try:
+            yield ("cell", i), cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+    glob = fn.__globals__
+    for name in _names.global_names(fn.__code__):
+        if name in glob:
+            yield ("global", name), glob[name]
+    yield from ((("default", i), a) for i, a in enumerate(fn.__defaults__ or ()))
+    yield from ((("kwdefault", k), a) for k, a in (fn.__kwdefaults__ or {}).items())
+
+
+def _object_children(obj: Any) -> Iterator[tuple[tuple, Any]]:
+    """A Mirrored's local component, a pytree node's children, or an object's attributes."""
+    if hasattr(type(obj), "__jaxdist_local__"):  # a Mirrored used as an array
+        yield ("local", None), obj.__jaxdist_local__()
+    node = _pytree_children(obj)
+    if node is not None:
+        names = _child_names(obj, len(node[0]))
+        for i, a in enumerate(node[0]):
+            yield ("child", (node[1], i, names[i])), a
+    else:
+        own = vars(obj) if hasattr(obj, "__dict__") else {}
+        yield from ((("attr", k), a) for k, a in list(own.items())[:_MAX_ITEMS])
+        yield from _class_level(obj, own)
+
+
+def _class_level(obj: Any, own: dict) -> Iterator[tuple[tuple, Any]]:
+    """Slots, and data the class holds for its instances (``class T: w = jnp.zeros(())``,
+    read as ``self.w`` until the instance sets its own): read with ``getattr``, so an
+    instance attribute set later is what the chain finds then."""
+    for cls in type(obj).__mro__[:-1]:
+        slots = cls.__dict__.get("__slots__", ())
+        for k in (slots,) if isinstance(slots, str) else slots:
+            if k not in own and k not in ("__dict__", "__weakref__") and hasattr(obj, k):
+                yield ("getattr", k), getattr(obj, k)
+        yield from _class_data(cls, own)
+
+
+def _class_data(cls: type, own: dict | None = None) -> Iterator[tuple[tuple, Any]]:
+    """A class's data attributes (not methods, properties or other descriptors)."""
+    if cls.__module__ == "builtins":
+        return
+    for k, a in list(cls.__dict__.items())[:_MAX_ITEMS]:
+        if (own and k in own) or k.startswith("__") or hasattr(type(a), "__get__"):
+            continue
+        if isinstance(a, (jax.Array, np.ndarray, *WATCHED, list, tuple, dict)):
+            yield ("getattr", k), a
 
 
 def _expandable(obj: Any) -> bool:
+    if isinstance(obj, types.ModuleType):
+        return _user_module(obj)
     return not isinstance(obj, _OPAQUE) and not isinstance(obj, (jax.Array, np.ndarray))
 
 
-def _walk(fn: Callable, named: set[str], depth: int = _MAX_DEPTH) -> Iterator[tuple[Chain, Any]]:
-    """``(chain, value)`` for what ``fn`` reaches, breadth first, bounded in nodes and
-    depth; ``named`` collects the names that the code met on the way uses."""
-    seen = {id(fn)}
+def _user_module(module: types.ModuleType) -> bool:
+    """A module of the user's program (``config.W``), not the standard library or an
+    installed package (whose globals are no step's state)."""
+    top = module.__name__.partition(".")[0]
+    if top in sys.stdlib_module_names or top in ("jaxdist", "builtins"):
+        return False
+    origin = getattr(module, "__file__", None) or ""
+    return "site-packages" not in origin and "dist-packages" not in origin
+
+
+def walk(fn: Callable, named: set[str], depth: int = _MAX_DEPTH) -> Iterator[tuple[Chain, Any]]:
+    """``(chain, value)`` for what ``fn`` reaches, bounded in nodes and depth; ``named``
+    collects the names that the code met on the way uses.
+
+    Breadth first along chains whose names the code uses (``self.model.params``), then
+    along the others (``self.dataset``), so that big unrelated containers on an object
+    cannot use up the bound before the state the step reads is found.
+    """
+    seen = {id(fn): 2}
     frontier: list[tuple[Any, Chain]] = [(fn, ())]
+    deferred: list[tuple[Any, Chain]] = []
     nodes = 0
-    for _ in range(depth):
-        nxt = []
-        for obj, chain in frontier:
-            if isinstance(obj, types.FunctionType):
-                named |= code_names(obj.__code__)
-            for step, child in _safe_children(obj):
-                nodes += 1
-                here = (*chain, step)
-                yield here, child
-                if id(child) not in seen and _expandable(child):
-                    seen.add(id(child))
-                    nxt.append((child, here))
-            if nodes > _MAX_NODES:
-                return
-        frontier = nxt
+    for later in (False, True):
+        while frontier:
+            nxt: list[tuple[Any, Chain]] = []
+            # functions first: the names their code uses decide what else comes first
+            frontier.sort(key=lambda entry: not isinstance(entry[0], types.FunctionType))
+            for obj, chain in frontier:
+                if len(chain) >= depth:
+                    continue
+                if not later:  # a callback reached through other names is not the step's
+                    _names.add_names(obj, named)
+                for step, child in _safe_children(obj):
+                    nodes += 1
+                    here = (*chain, step)
+                    yield here, child
+                    if seen.get(id(child), 0) < 2 and _expandable(child):
+                        named_here = is_named(here, named)
+                        if id(child) in seen and not named_here:
+                            continue
+                        # a second path through the code's names finds an alias
+                        # (``self.params = self.ema = tree``)
+                        seen[id(child)] = seen.get(id(child), 0) + 1
+                        (nxt if later or named_here else deferred).append((child, here))
+                if nodes > _MAX_NODES:
+                    return
+            frontier = nxt
+        frontier = sorted(deferred, key=lambda entry: len(entry[1]))
 
 
 def locate(fn: Callable, targets: list) -> list[Chain | None]:
@@ -133,41 +198,105 @@ def locate(fn: Callable, targets: list) -> list[Chain | None]:
     An array reachable in several places is taken where the names of the chain
     (globals, attributes) are names that the code met on the way uses.
     """
+    return [c[0] if c else None for c in locate_all(fn, targets)]
+
+
+def locate_all(fn: Callable, targets: list) -> list[list[Chain]]:
+    """For each array of ``targets``, the chains from ``fn`` to it whose names the code
+    uses, the best first (`locate`'s); one chain reaching it under names the code does
+    not use when there is no other. Two chains mean one array read under two names
+    (``self.w = self.ema = w``): the trace read it once, so it is valid only while both
+    names still hold one array."""
     want: dict[int, list[int]] = {}
     for i, t in enumerate(targets):
         want.setdefault(id(t), []).append(i)
-        base = getattr(t, "base", None) if isinstance(t, np.ndarray) else None
-        if base is not None:  # JAX keeps a NumPy constant as a view of the user's array
-            want.setdefault(id(base), []).append(i)
+        if isinstance(t, np.ndarray) and t.base is not None:
+            # JAX keeps a NumPy constant as a view of the user's array, or of a view of
+            # it taken in the step (``table[0]``): found through the memory's owner
+            want.setdefault(id(_owner(t)), []).append(i)
     candidates: list[list[Chain]] = [[] for _ in targets]
     named: set[str] = set()
-    for chain, child in _walk(fn, named):
-        for i in want.get(id(child), ()):
-            if len(candidates[i]) < 4 and _same(child, targets[i]):
+    for chain, child in walk(fn, named):
+        keys = {id(child), id(_owner(child))} if isinstance(child, np.ndarray) else {id(child)}
+        for i in {i for k in keys for i in want.get(k, ())}:
+            if len(candidates[i]) >= 4:
+                continue
+            if _same(child, targets[i]):
                 candidates[i].append(chain)
-    return [_best(c, named) for c in candidates]
+            elif _inside(targets[i], child):
+                candidates[i].append((*chain, ("view", _view_spec(child, targets[i]))))
+    out = []
+    for chains in candidates:
+        chains.sort(key=lambda c: c[-1][0] == "view")  # the array itself before a view
+        good = [c for c in chains if is_named(c, named)]
+        out.append(good or chains[:1])
+    return out
 
 
-def _named(chain: Chain, named: set[str]) -> bool:
-    return all(k in named for kind, k in chain if kind in ("attr", "global"))
+def same_array(a: Any, b: Any) -> bool:
+    """``a`` is ``b``, or both are NumPy arrays over the same memory, laid out alike."""
+    return a is b or _same(a, b)
 
 
-def _best(chains: list[Chain], named: set[str]) -> Chain | None:
-    for chain in chains:
-        if _named(chain, named):
-            return chain
-    return chains[0] if chains else None
+def is_named(chain: Chain, named: set[str]) -> bool:
+    return all(_name(kind, k) in named for kind, k in chain if _name(kind, k) is not None)
+
+
+def _name(kind: str, key: Any) -> str | None:
+    """The name a chain step reads by (attributes, globals, a pytree node's fields)."""
+    if kind in ("attr", "getattr", "global"):
+        return key
+    return key[2] if kind == "child" else None
 
 
 def _same(child: Any, target: Any) -> bool:
     if child is target:
         return True
-    return (
+    return (  # a NumPy view of all of ``child``, as it is laid out
         isinstance(child, np.ndarray)
         and isinstance(target, np.ndarray)
         and child.shape == target.shape
         and child.dtype == target.dtype
+        and child.strides == target.strides
+        and child.__array_interface__["data"][0] == target.__array_interface__["data"][0]
     )
+
+
+def _owner(x: np.ndarray) -> Any:
+    while isinstance(x.base, np.ndarray):
+        x = x.base
+    return x.base if x.base is not None else x
+
+
+def _inside(view: Any, base: Any) -> bool:
+    """Whether NumPy array ``view`` lies in the memory of NumPy array ``base``."""
+    if not (isinstance(view, np.ndarray) and isinstance(base, np.ndarray)):
+        return False
+    low, high = _bounds(view)
+    base_low, base_high = _bounds(base)
+    return base_low <= low and high <= base_high and base.flags.c_contiguous
+
+
+def _bounds(x: np.ndarray) -> tuple[int, int]:
+    start = x.__array_interface__["data"][0]
+    extents = [(n - 1) * s for n, s in zip(x.shape, x.strides)]
+    low = start + sum(min(0, e) for e in extents)
+    return low, start + sum(max(0, e) for e in extents) + x.itemsize
+
+
+def _view_spec(base: np.ndarray, view: np.ndarray) -> tuple:
+    """Where ``view`` (``table[0]``, ``table.T`` taken in the step) lies in ``base``."""
+    offset = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    layout = (base.shape, base.strides, base.dtype.str)
+    return (offset, view.shape, view.strides, view.dtype.str, layout)
+
+
+def _view(base: Any, spec: tuple) -> np.ndarray:
+    """The same view of the array now at ``base``'s place (its new values too)."""
+    offset, shape, strides, dtype, layout = spec
+    if not isinstance(base, np.ndarray) or (base.shape, base.strides, base.dtype.str) != layout:
+        raise Gone("the array a view was taken of changed layout")
+    return np.ndarray(shape, np.dtype(dtype), buffer=base, offset=offset, strides=strides)
 
 
 def _safe_children(obj: Any) -> list:
@@ -208,43 +337,12 @@ _STEPS: dict[str, Callable[[Any, Any], Any]] = {
     "global": lambda o, k: o.__globals__[k],
     "item": lambda o, k: o[k],
     "attr": lambda o, k: vars(o)[k],
+    "getattr": getattr,
+    "default": lambda o, k: o.__defaults__[k],
+    "kwdefault": lambda o, k: o.__kwdefaults__[k],
     "child": _child,
+    "view": _view,
 }
 
-_WATCHED = (bool, int, float, complex, str, type(None), np.generic)
 
-
-def watch(fn: Callable) -> tuple[tuple[Chain, Any], ...]:
-    """The Python numbers, strings and functions ``fn`` reads from its state (through
-    names its code uses, a few levels deep), with their values now. A trace depends on
-    them: `changed` tells when one moved."""
-    out: list[tuple[Chain, Any]] = []
-    named: set[str] = set()
-    for chain, value in list(_walk(fn, named, depth=_WATCH_DEPTH)):
-        function = isinstance(value, (types.FunctionType, types.MethodType))
-        if isinstance(value, _WATCHED) or (function and len(chain) <= 2):
-            out.append((chain, value))
-    return tuple((c, v) for c, v in out if _named(c, named))[:_MAX_WATCHED]
-
-
-_WATCH_DEPTH = 4
-_MAX_WATCHED = 64
-
-
-def changed(fn: Callable, watched: tuple[tuple[Chain, Any], ...]) -> bool:
-    """Whether a value recorded by `watch` is no longer the same."""
-    for chain, value in watched:
-        try:
-            now = fetch(fn, chain)
-        except Gone:
-            return True
-        if now is not value and (type(now) is not type(value) or not _equal(now, value)):
-            return True
-    return False
-
-
-def _equal(a: Any, b: Any) -> bool:
-    try:
-        return bool(a == b) or (a != a and b != b)  # NaN is its own value here
-    except Exception:  # noqa: BLE001 - a value that cannot be compared counts as changed
-        return False
+WATCHED = (bool, int, float, complex, str, type(None), np.generic)  # compared by value

@@ -198,13 +198,17 @@ class StepCache:
             variants = self._weak[owner][(sub, key)]
         except (KeyError, TypeError):
             variants = ()
-        for entry in variants:
-            extra = inputs(entry) if inputs is not None else []
-            if extra is not None:
-                return entry, extra
+        found = self._find(variants, inputs)
+        if found is not None:
+            return found
         with self._lock:
             table = self._table(owner)
             variants = table.setdefault((sub, key), [])
+            # a step of an object that cannot be weakly referenced (``__slots__``) is
+            # only here, and another thread may have built this one meanwhile
+            found = self._find(variants, inputs)
+            if found is not None:
+                return found
             entry = build()
             extra = inputs(entry) if inputs is not None else []
             if extra is None:
@@ -216,6 +220,14 @@ class StepCache:
             if self._count(table, sub) == WARN_AT:
                 _warn_retrace(fn)
             return entry, extra
+
+    @staticmethod
+    def _find(variants: Any, inputs: Callable[[Any], list | None] | None) -> Any:
+        for entry in list(variants):
+            extra = inputs(entry) if inputs is not None else []
+            if extra is not None:
+                return entry, extra
+        return None
 
     @staticmethod
     def _count(table: dict, sub: Hashable) -> int:

@@ -149,6 +149,8 @@ def _plan(jaxpr: Any) -> list:
 
 
 def _has_collective(eqn: Any) -> bool:
+    if eqn.primitive.name in REDUCING and not _named_axes(eqn):
+        return False  # over array axes only (a jax.vmap's own axis_name): a local reduction
     if eqn.primitive.name in COLLECTIVES or eqn.primitive.name in UNSUPPORTED:
         return True
     return any(_has_collective(e) for j in core.jaxprs_in_params(eqn.params) for e in j.eqns)
@@ -196,6 +198,9 @@ def _sync(eqn: Any, ins: list[Value], members: tuple) -> Run:
 def unsupported(name: str) -> RuntimeError:
     what = {
         "while": "a lax.while_loop (or a fori_loop with a traced trip count)",
+        # scans are unrolled; one is left only on a replica with no example (zero rows)
+        "scan": "a lax.scan / lax.map over the rows of a replica that got no example "
+        "(it calls the collective no time, the others once per row; TF would hang)",
     }.get(name, f"'{name}'")
     if name in UNSUPPORTED:
         what = f"lax.{name} (not available in partial-batch steps)"
@@ -265,14 +270,15 @@ def mismatch(kinds: list) -> RuntimeError:
 def combine(groups: Groups, name: str, requests: list) -> list[list[Value]]:
     """The result of collective ``name`` for every group, from every replica's input."""
     eqn = requests[0][1]
-    axes = eqn.params.get("axes", eqn.params.get("axis_name"))
-    axes = axes if isinstance(axes, tuple) else (axes,)
-    if tuple(axes) != (AXIS,) or eqn.params.get("axis_index_groups") is not None:
+    axes = _named_axes(eqn)
+    if axes != (AXIS,) or eqn.params.get("axis_index_groups") is not None:
         raise RuntimeError(
             f"In a partial-batch step, lax.{name} must be over jd.AXIS ({AXIS!r}) alone and "
             f"without axis_index_groups; got axis_name={axes}."
         )
     columns = list(zip(*[q[2] for q in requests]))
+    if name in REDUCING:  # array axes first (a jax.vmap's axis_name with jd.AXIS)
+        columns = [tuple(_local(name, eqn, v) for v in column) for column in columns]
     avals = [v.aval for v in eqn.outvars]
     if name in REDUCING:
         for column in columns:
@@ -282,6 +288,25 @@ def combine(groups: Groups, name: str, requests: list) -> list[list[Value]]:
     if name == "all_gather":
         return [[(_gather(groups, columns[0], eqn.params), False)]] * len(requests)
     return _scatter(groups, columns[0], eqn.params)
+
+
+def _named_axes(eqn: Any) -> tuple:
+    """A collective's axis names; its positional axes (a `jax.vmap` turns its own named
+    axis into one) are array axes reduced on each replica."""
+    axes = eqn.params.get("axes", eqn.params.get("axis_name"))
+    axes = axes if isinstance(axes, tuple) else (axes,)
+    return tuple(a for a in axes if not isinstance(a, int))
+
+
+def _local(name: str, eqn: Any, value: Value) -> Value:
+    """``value`` reduced over the collective's positional axes (none: as it is)."""
+    axes = tuple(a for a in eqn.params.get("axes", ()) if isinstance(a, int))
+    if not axes:
+        return value
+    x, batched = value
+    # lax's reductions: an empty replica's rows give the identity (0, -inf, +inf)
+    fold = {"psum": lax.reduce_sum, "pmax": lax.reduce_max, "pmin": lax.reduce_min}[name]
+    return fold(jnp.asarray(x), tuple(a + int(batched) for a in axes)), batched
 
 
 def _check_shapes(groups: Groups, column: Sequence[Value], name: str) -> None:

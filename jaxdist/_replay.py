@@ -325,10 +325,7 @@ def trace_group(
 
     # jit disabled: a `jax.jit` inside fn is traced again in this replica's context, never
     # taken from (or left in) its cache, where a trace made for another context may be.
-    with jax.disable_jit():
-        closed = jax.make_jaxpr(replica, axis_env=[(AXIS, gathers.n)])(
-            *[leaves[k] for k in dynamic]
-        )
+    closed = _trace(replica, gathers.n, [leaves[k] for k in dynamic])
     args = []
     for k in dynamic:
         column = [f[0][k] for f in flat]
@@ -343,6 +340,21 @@ def _stacked(column: list, k: int, members: tuple, stack: Callable | None) -> An
     if whole is not None and jnp.shape(whole) == (len(rows), *jnp.shape(rows[0])):
         return whole
     return jnp.stack(rows)
+
+
+def _trace(replica: Callable, n: int, arrays: list) -> Any:
+    """``replica`` traced under the replica axis, with jit disabled; a replica with no
+    example whose step scans its rows (``lax.map(f, x)``) is traced with jit enabled: JAX
+    cannot run a zero-length scan with jit disabled ("zero-length scan is not supported
+    in disable_jit() mode", jax 0.10), and its scan, holding no collective, stays whole."""
+    trace = jax.make_jaxpr(replica, axis_env=[(AXIS, n)])
+    try:
+        with jax.disable_jit():
+            return trace(*arrays)
+    except ValueError as e:
+        if "zero-length scan" not in str(e):
+            raise
+    return trace(*arrays)
 
 
 def _groups(inputs: list) -> list[tuple[int, ...]]:

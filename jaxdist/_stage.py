@@ -19,8 +19,9 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
-from jaxdist import _capture
+from jaxdist import _capture, _watch
 from jaxdist._layout import is_tracer
+from jaxdist._validate import describe
 
 
 def _spec(x: Any) -> Any:
@@ -60,21 +61,35 @@ class Staged:
         axis_env: list | None = None,
         outputs: Callable[[], list] = list,
     ) -> None:
+        # the Python values read before the trace: a step that changes one (``self.n +=
+        # 1``) is traced again on the next call, as TF eager runs it on every call
+        self._watched = _watch.watch(fn)
         closed = jax.make_jaxpr(body, axis_env=axis_env or [])(*examples)
+        self._watched = _watch.settle(fn, self._watched)
+        where = _watch.leaked(fn)
+        if where is not None:
+            raise RuntimeError(
+                f"The step {describe(fn)} stored a value it computed in {where} (a JAX "
+                "tracer): jaxdist traces the step once, so an assignment inside it does not "
+                "happen on every call, and the stored tracer is invalid once the trace ends. "
+                f"Return the new value from the step and assign it after strategy.run "
+                f"({where} = strategy.run(...)), as with a tf.Variable's assign."
+            )
         consts = list(closed.consts)
         out_consts = [x for x in outputs() if _is_array(x)]
-        chains = _capture.locate(fn, consts + out_consts) if consts or out_consts else []
+        found = _capture.locate_all(fn, consts + out_consts) if consts or out_consts else []
+        chains = [c[0] if c else None for c in found]
         lifted = [(i, c) for i, c in enumerate(chains[: len(consts)]) if c is not None]
         self._lifted = [(i, c, np.shape(consts[i]), consts[i].dtype) for i, c in lifted]
+        # one array read under two names was traced as one: valid while they hold one array
+        self._aliases = [(k, c) for k, (i, _) in enumerate(lifted) for c in found[i][1:]]
         for i, _ in lifted:
             consts[i] = None  # not kept: read again on every call
         self._consts = consts
         self._jaxpr = closed.jaxpr
-        self._outs = {
-            id(x): c for x, c in zip(out_consts, chains[len(consts) :]) if c is not None
-        }
-        self._watched = _capture.watch(fn)
+        self._outs = {id(x): c for x, c in zip(out_consts, chains[len(consts) :]) if c is not None}
         self._placed: list = [None] * len(self._lifted)
+        self._fresh = True
         self.num_inputs = len(self._lifted)
 
     def evaluate(self, *args: Any) -> list:
@@ -94,25 +109,37 @@ class Staged:
         state is not copied again on every call. NumPy arrays are placed every call
         (they can change in place).
         """
-        if self._watched and _capture.changed(fn, self._watched):
+        fresh, self._fresh = self._fresh, False  # the call that traced it ran the step
+        if self._watched and not fresh and _watch.changed(fn, self._watched):
             return None
         out = []
-        for k, (_, chain, shape, dtype) in enumerate(self._lifted):
+        for _, chain, shape, dtype in self._lifted:
             try:
                 v = _capture.fetch(fn, chain)
             except _capture.Gone:
                 return None
             if not _is_array(v) or np.shape(v) != shape or v.dtype != dtype:
                 return None
-            if place is not None:
-                v = self._place(k, v, place)
             out.append(v)
+        if self._aliases and not self._same_aliases(fn, out):
+            return None
+        if place is not None:
+            out = [self._place(k, v, place) for k, v in enumerate(out)]
         for chain in self._outs.values():
             try:
                 _capture.fetch(fn, chain)
             except _capture.Gone:
                 return None
         return out
+
+    def _same_aliases(self, fn: Callable, values: list) -> bool:
+        for k, chain in self._aliases:
+            try:
+                if not _capture.same_array(_capture.fetch(fn, chain), values[k]):
+                    return False
+            except _capture.Gone:
+                return False
+        return True
 
     def _place(self, k: int, v: Any, place: Callable[[Any], Any]) -> Any:
         if not isinstance(v, jax.Array):

@@ -7,7 +7,9 @@ TF 2.21 eager ``strategy.run`` gives 8, 16, 24 for the issue's trainer (the step
 all-reduced batch sum, 8, to the state it read).
 """
 
+import functools
 import gc
+import types
 import weakref
 
 import jax
@@ -303,4 +305,458 @@ def test_a_typed_prng_key_on_the_object_is_read_each_call(strategy):
         want.append(float(jax.random.normal(t.key, ())))
         t.key = jax.random.split(t.key)[0]
     assert seen == pytest.approx(want) and len(set(seen)) == 3
+    assert jd.experimental.step_count(t.step) == 1
+
+
+# -- a hostile review's programs (each gave a stale answer, or traced on every call) --------
+
+
+def accumulate(strategy, step, set_state, calls=3):
+    """Runs ``step`` ``calls`` times, storing its result as the state it reads."""
+    x, seen = batch(strategy), []
+    for _ in range(calls):
+        out = strategy.experimental_local_results(strategy.run(step, args=(x,)))[0]
+        set_state(out)
+        seen.append(float(out))
+    return seen
+
+
+def test_one_array_read_under_two_names_then_rebound_under_one(strategy):
+    """``self.w = self.ema = zeros`` traces one constant; rebinding ``w`` alone must not
+    feed the new ``w`` to the read of ``ema`` as well."""
+
+    class T:
+        def __init__(self):
+            self.w = self.ema = jnp.zeros(())
+
+        def step(self, x):
+            return self.w + 10.0 * self.ema + 0.0 * total(x)
+
+    t, x = T(), batch(strategy)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 0.0
+    t.w = jnp.float32(1.0)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 1.0  # TF eager: 1 + 10 * 0
+    t.ema = jnp.float32(2.0)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 21.0
+
+
+def test_a_class_level_default_then_an_instance_attribute(strategy):
+    class Counter:
+        w = jnp.zeros(())  # the class's default, until the instance sets its own
+
+        def step(self, x):
+            return self.w + total(x)
+
+    c = Counter()
+    assert accumulate(strategy, c.step, lambda v: setattr(c, "w", v)) == [8.0, 16.0, 24.0]
+    assert jd.experimental.step_count(c.step) == 1
+
+
+def test_a_number_the_class_holds_then_the_instance_sets(strategy):
+    class T:
+        scale = 1.0
+
+        def step(self, x):
+            return self.scale * total(x)
+
+    t, x = T(), batch(strategy)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 8.0
+    t.scale = 3.0
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 24.0
+
+
+def test_an_object_with_slots_is_read_each_call_and_traced_once(strategy):
+    class T:
+        __slots__ = ("w",)  # not weakly referenceable, no __dict__
+
+        def __init__(self):
+            self.w = jnp.zeros(())
+
+        def step(self, x):
+            return self.w + total(x)
+
+    t = T()
+    assert accumulate(strategy, t.step, lambda v: setattr(t, "w", v), 4) == [8, 16, 24, 32]
+    assert jd.experimental.step_count(t.step) == 1
+
+
+def test_state_found_past_big_unrelated_containers_on_the_object(strategy):
+    """A trainer holding its data (thousands of arrays) next to its model."""
+
+    class Model:
+        def __init__(self):
+            self.params = {"dense": {"kernel": jnp.zeros(())}}
+
+    class T:
+        def __init__(self):
+            self.train_batches = [np.ones(2, np.float32) for _ in range(2500)]
+            self.eval_batches = [np.ones(2, np.float32) for _ in range(2500)]
+            self.model = Model()
+
+        def step(self, x):
+            return self.model.params["dense"]["kernel"] + total(x)
+
+    t = T()
+
+    def set_state(v):
+        t.model.params = {"dense": {"kernel": v}}
+
+    assert accumulate(strategy, t.step, set_state) == [8.0, 16.0, 24.0]
+
+
+def test_a_number_read_from_a_big_dict_of_hyperparameters(strategy):
+    class T:
+        def __init__(self):
+            self.hp = {f"unused_{i}": float(i) for i in range(100)}
+            self.hp["lr"] = 1.0
+
+        def step(self, x):
+            return self.hp["lr"] * total(x)
+
+    t, x = T(), batch(strategy)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 8.0
+    t.hp["lr"] = 3.0
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 24.0
+
+
+def test_a_function_or_loss_object_swapped_on_a_nested_object(strategy):
+    class Huber:
+        def __call__(self, v):
+            return v * 0.5
+
+    class Mse:
+        def __call__(self, v):
+            return v * 2.0
+
+    class Model:
+        def __init__(self):
+            self.activation = jnp.tanh
+            self.loss = Mse()
+
+    class T:
+        def __init__(self):
+            self.model = Model()
+
+        def step(self, x):
+            return self.model.loss(self.model.activation(total(x) * 0.0 + 1.0))
+
+    t, x = T(), batch(strategy)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == pytest.approx(2 * np.tanh(1.0))
+    t.model.activation = jnp.exp
+    assert first(strategy, strategy.run(t.step, args=(x,))) == pytest.approx(2 * np.e)
+    t.model.loss = Huber()  # another class, no state of its own
+    assert first(strategy, strategy.run(t.step, args=(x,))) == pytest.approx(0.5 * np.e)
+
+
+def test_a_default_argument_is_read_each_call(strategy):
+    def step(x, w=jnp.zeros(())):
+        return w + total(x)
+
+    def set_state(v):
+        step.__defaults__ = (v,)
+
+    assert accumulate(strategy, step, set_state) == [8.0, 16.0, 24.0]
+
+
+def test_a_zero_d_numpy_array_changed_in_place(strategy):
+    """JAX inlines a 0-d NumPy constant into the program: it is compared by value."""
+    acc = np.zeros((), np.float32)
+
+    def step(x):
+        return jnp.asarray(acc) + total(x)
+
+    def set_state(v):
+        acc[...] = v
+
+    assert accumulate(strategy, step, set_state) == [8.0, 16.0, 24.0]
+
+
+params = {"w": jnp.zeros(())}  # a script's initial parameters, under the name a model uses
+
+
+class Holder:
+    pass
+
+
+model = Holder()
+
+
+def test_a_global_named_like_an_attribute_the_step_reads_is_not_read(strategy):
+    """``model.params`` reads an attribute, not the global ``params`` (the same dict at
+    first): rebinding ``model.params`` is what the step must see."""
+    model.params = params
+    step = lambda x: model.params["w"] + total(x)  # noqa: E731
+
+    def set_state(v):
+        model.params = {"w": v}
+
+    assert accumulate(strategy, step, set_state) == [8.0, 16.0, 24.0]
+
+
+def test_one_dict_read_under_two_names_then_rebound_under_one(strategy):
+    class T:
+        def __init__(self):
+            self.params = self.ema = {"w": jnp.zeros(())}
+
+        def step(self, x):
+            return self.params["w"] + 10.0 * self.ema["w"] + 0.0 * total(x)
+
+    t, x = T(), batch(strategy)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 0.0
+    t.params = {"w": jnp.float32(1.0)}
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 1.0  # TF eager: 1 + 10 * 0
+
+
+def test_a_flax_train_state_on_the_trainer_is_traced_once():
+    """TrainState.apply_gradients counts its Python int ``step``; a step that does not
+    read it must not be traced again on every call (it was: 1 trace per call)."""
+    optax = pytest.importorskip("optax")
+    nn = pytest.importorskip("flax.linen")
+    train_state = pytest.importorskip("flax.training.train_state")
+    s, dense = mirrored(4), nn.Dense(1)
+    init = dense.init(jax.random.key(0), jnp.ones((1, 2)))
+    data = np.arange(8, dtype=np.float32).reshape(4, 2)
+
+    class Trainer:
+        def __init__(self):
+            self.state = train_state.TrainState.create(
+                apply_fn=dense.apply, params=init, tx=optax.sgd(0.1)
+            )
+
+        def train_step(self, x):
+            def loss(p):
+                per_example = self.state.apply_fn(p, x)[:, 0] ** 2
+                return jd.nn.compute_average_loss(per_example, global_batch_size=4)
+
+            grads = jax.grad(loss)(self.state.params)
+            return jd.get_replica_context().all_reduce("SUM", grads)
+
+    t, want = (
+        Trainer(),
+        train_state.TrainState.create(apply_fn=dense.apply, params=init, tx=optax.sgd(0.1)),
+    )
+    x = next(iter(s.experimental_distribute_dataset([data])))
+    for _ in range(4):
+        grads = s.experimental_local_results(s.run(t.train_step, args=(x,)))[0]
+        t.state = t.state.apply_gradients(grads=grads)
+        one = jax.grad(lambda p: jnp.mean(dense.apply(p, data)[:, 0] ** 2))(want.params)
+        want = want.apply_gradients(grads=one)
+    for got, ref in zip(jax.tree.leaves(t.state.params), jax.tree.leaves(want.params)):
+        np.testing.assert_allclose(got, ref, rtol=1e-5)
+    assert jd.experimental.step_count(t.train_step) == 1
+
+
+TABLE = np.arange(6, dtype=np.float32).reshape(2, 3)  # itself a view of its arange
+
+
+def test_a_numpy_view_taken_in_the_step_is_taken_again_each_call(strategy):
+    """``table[0]`` and ``table.T`` computed by NumPy in the step: the view is taken again
+    of the array now there (changed in place, or rebound), with one trace."""
+    global TABLE
+    TABLE = np.arange(6, dtype=np.float32).reshape(2, 3)
+
+    def step():
+        return jnp.asarray(TABLE[1]), jnp.asarray(TABLE.T), jnp.asarray(TABLE[:, ::-1])
+
+    def check():
+        row, t, flipped = (first_all(strategy, v) for v in strategy.run(step))
+        np.testing.assert_array_equal(row, TABLE[1])
+        np.testing.assert_array_equal(t, TABLE.T)
+        np.testing.assert_array_equal(flipped, TABLE[:, ::-1])
+
+    check()
+    TABLE[1] = [7.0, 8.0, 9.0]  # in place
+    check()
+    TABLE = np.full((2, 3), 5.0, np.float32)  # rebound, same layout
+    check()
+    assert jd.experimental.step_count(step) == 1
+
+
+def first_all(strategy, out):
+    return np.asarray(strategy.experimental_local_results(out)[0])
+
+
+def test_a_step_assigning_a_computed_value_to_its_state_is_a_clear_error(strategy):
+    """``self.w = self.w + g`` inside the step stores a tracer (it was kept silently, and
+    every later call gave the first call's answer)."""
+
+    class T:
+        def __init__(self):
+            self.w = jnp.zeros(())
+
+        def step(self, x):
+            self.w = self.w + total(x)
+            return self.w
+
+    t = T()
+    with pytest.raises(RuntimeError, match=r"stored a value it computed in self\.w"):
+        strategy.run(t.step, args=(batch(strategy),))
+
+
+def test_a_python_number_the_step_changes_is_current_on_every_call(strategy):
+    """TF eager runs the step's Python on every call: a counter it increments and reads
+    gives 1, 2, 3 (it gave 1, 1, 1: the Python ran once, at the trace). The step is traced
+    again on each call (TF eager runs it once per replica; jaxdist once per trace)."""
+
+    class T:
+        def __init__(self):
+            self.calls = 0
+
+        def step(self, x):
+            self.calls += 1
+            return self.calls * total(x)
+
+    t = T()  # a full batch on every replica count: one trace runs the Python once
+    x = next(iter(strategy.experimental_distribute_dataset([np.ones((8, 1), np.float32)])))
+    seen = [first(strategy, strategy.run(t.step, args=(x,))) for _ in range(3)]
+    assert seen == [8.0, 16.0, 24.0] and t.calls == 3
+
+
+def test_a_config_class_read_by_the_step_is_current(strategy):
+    """``Config.lr`` / ``Config.w`` on a class, and a classmethod's ``cls.w``."""
+
+    class Config:
+        lr = 1.0
+        w = jnp.zeros(())
+
+        @classmethod
+        def step(cls, x):
+            return cls.w + cls.lr * total(x)
+
+    def step(x):
+        return Config.w + Config.lr * total(x)
+
+    x = batch(strategy)
+    for fn in (step, Config.step):
+        Config.lr, Config.w = 1.0, jnp.zeros(())
+        assert first(strategy, strategy.run(fn, args=(x,))) == 8.0
+        Config.lr = 2.0
+        assert first(strategy, strategy.run(fn, args=(x,))) == 16.0
+        Config.w = jnp.float32(1.0)
+        assert first(strategy, strategy.run(fn, args=(x,))) == 17.0
+
+
+def test_numbers_read_through_helper_methods_and_properties_are_current(strategy):
+    """``self.scale()`` reading ``self.lr``, ``self.opt.apply()`` reading its ``beta``, and
+    a property: the step's own code names none of them."""
+
+    class Opt:
+        def __init__(self):
+            self.beta = 0.0
+
+        def apply(self):
+            return self.beta
+
+    class T:
+        def __init__(self):
+            self.lr, self.opt, self.bias = 1.0, Opt(), 0.0
+
+        @property
+        def offset(self):
+            return self.bias
+
+        def scale(self):
+            return self.lr
+
+        def step(self, x):
+            return self.scale() * total(x) + self.opt.apply() + self.offset
+
+    t, x = T(), batch(strategy)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 8.0
+    t.lr = 2.0
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 16.0
+    t.opt.beta = 1.0
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 17.0
+    t.bias = 10.0
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 27.0
+
+
+config = types.ModuleType("config")  # a user's config.py, imported as a module
+
+
+def test_state_in_a_module_of_the_program_is_current(strategy):
+    """``config.W`` / ``config.LR`` of the user's own module (it was a stale constant)."""
+    config.W, config.LR = jnp.zeros(()), 1.0
+
+    def step(x):
+        return config.W + config.LR * total(x)
+
+    x = batch(strategy)
+    assert first(strategy, strategy.run(step, args=(x,))) == 8.0
+    config.W = jnp.float32(1.0)
+    assert first(strategy, strategy.run(step, args=(x,))) == 9.0
+    config.LR = 2.0
+    assert first(strategy, strategy.run(step, args=(x,))) == 17.0
+
+
+def test_a_number_five_levels_deep_is_current(strategy):
+    class Box:
+        pass
+
+    class T:
+        def __init__(self):
+            self.cfg = Box()
+            self.cfg.optimizer = Box()
+            self.cfg.optimizer.schedule = Box()
+            self.cfg.optimizer.schedule.lr = 1.0
+
+        def step(self, x):
+            return self.cfg.optimizer.schedule.lr * total(x)
+
+    t, x = T(), batch(strategy)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 8.0
+    t.cfg.optimizer.schedule.lr = 2.0
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 16.0
+
+
+def test_an_entry_added_to_what_the_step_reads_is_seen(strategy):
+    """A list the step sums over, a dict it reads with ``.get`` and a partial that gets
+    a new keyword: each grew by an entry the first trace never saw (it was ignored)."""
+
+    def loss(v, weight, scale=1.0):
+        return v * weight * scale
+
+    class T:
+        def __init__(self):
+            self.ws, self.hp = [jnp.float32(1.0)], {}
+            self.loss = functools.partial(loss, weight=jnp.float32(1.0))
+
+        def step(self, x):
+            return self.loss(sum(self.ws) * total(x) * self.hp.get("scale", 1.0))
+
+    t, x = T(), batch(strategy)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 8.0
+    t.ws.append(jnp.float32(2.0))
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 24.0
+    t.hp["scale"] = 0.5
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 12.0
+    t.loss = functools.partial(loss, weight=jnp.float32(1.0), scale=2.0)
+    assert first(strategy, strategy.run(t.step, args=(x,))) == 24.0
+
+
+def test_a_new_partial_or_bound_method_each_call_is_not_a_new_trace(strategy):
+    """Rebuilt each step with new array arguments (or rebound to the same method): the
+    arrays are inputs, so one trace; a callback reading a growing history is not the
+    step's state."""
+
+    def loss(v, weight):
+        return v * weight
+
+    class T:
+        def __init__(self):
+            self.history = []
+            self.on_epoch_end = lambda: print(self.history[-1])
+
+        def scaled(self, v):
+            return v
+
+        def step(self, x):
+            return self.post(self.loss(total(x)))
+
+    t, x, seen = T(), batch(strategy), []
+    for i in range(4):
+        t.loss, t.post = functools.partial(loss, weight=jnp.float32(i)), t.scaled
+        seen.append(first(strategy, strategy.run(t.step, args=(x,))))
+        t.history.append(seen[-1])
+    assert seen == [0.0, 8.0, 16.0, 24.0]
     assert jd.experimental.step_count(t.step) == 1

@@ -337,3 +337,66 @@ def test_an_error_in_a_partial_batch_step_is_raised_once(jitted):
     text = "".join(traceback.format_exception(info.value))
     assert text.count("step failed: 42") == 1
     assert info.value.__context__ is None and info.value.__cause__ is None
+
+
+# -- a hostile review's programs ------------------------------------------------------------
+
+
+@MODES
+def test_a_reduction_over_a_vmap_axis_and_the_replica_axis(jitted):
+    """``lax.psum(v, ("examples", jd.AXIS))`` under ``jax.vmap(axis_name="examples")``
+    (per-example normalization by the global total) and a psum over the vmap's axis
+    alone: JAX's meaning, computed with NumPy (it was a RuntimeError naming axis (0,))."""
+    s = strategy(4)
+    data = np.arange(1, 19, dtype=np.float32).reshape(6, 3)  # split [2, 2, 2, 0]
+
+    def step(x):
+        def example(row):
+            total = lax.psum(jnp.sum(row), ("examples", jd.AXIS))
+            local = lax.psum(jnp.sum(row), "examples")
+            top = lax.pmax(jnp.max(row), ("examples", jd.AXIS))
+            return jnp.sum(row) / total, local, top
+
+        return jax.vmap(example, axis_name="examples")(x)
+
+    got = run(s, step, batch(s, data), jitted=jitted)
+    rows = data.sum(1)
+    for i, (share, local, top) in enumerate(got):
+        mine = rows[2 * i : 2 * i + 2]
+        np.testing.assert_allclose(share, mine / rows.sum(), rtol=1e-6)
+        np.testing.assert_allclose(local, np.full(len(mine), mine.sum()))
+        np.testing.assert_allclose(top, np.full(len(mine), data.max()))
+
+
+@MODES
+def test_lax_map_over_the_rows_of_a_replica_with_no_example(jitted):
+    """6 examples over 4 replicas leave the last one none: ``lax.map(f, x)`` over its
+    zero rows is an empty result (it was JAX's "zero-length scan is not supported in
+    disable_jit() mode" ValueError)."""
+    s = strategy(4)
+    data = np.arange(18, dtype=np.float32).reshape(6, 3)
+
+    def step(x):
+        per_example = lax.map(lambda row: jnp.sum(row**2), x)
+        return per_example, jd.get_replica_context().all_reduce("SUM", jnp.sum(per_example))
+
+    got = run(s, step, batch(s, data), jitted=jitted)
+    squares = (data**2).sum(1)
+    assert [g[0] for g in got] == [
+        squares[0:2].tolist(),
+        squares[2:4].tolist(),
+        squares[4:6].tolist(),
+        [],
+    ]
+    assert [g[1] for g in got] == [float(squares.sum())] * 4
+
+
+def test_a_collective_in_a_scan_over_rows_with_an_empty_replica_is_a_clear_error():
+    """The replicas with rows call the psum once per row, the empty one never."""
+    s = strategy(4)
+
+    def step(x):
+        return lax.scan(lambda c, row: (c + lax.psum(jnp.sum(row), jd.AXIS), None), 0.0, x)[0]
+
+    with pytest.raises(RuntimeError, match="replica that got no example"):
+        s.run(step, args=(batch(s, np.ones((6, 3))),))

@@ -1,0 +1,173 @@
+"""The Python values a traced step depends on besides its arrays, and tracers it leaks.
+
+A trace bakes in the Python numbers, strings and functions the step reads from its
+state (`watch` records them before the trace; `changed` tells when one moved, which
+means a new trace, as a new static argument does). A JAX value the step stores in its
+state during the trace (`leaked`) is an error: the assignment would happen once.
+The walk from the step function to its state is `jaxdist._capture`'s.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxdist import _capture
+from jaxdist._capture import Chain
+
+
+def leaked(fn: Callable) -> str | None:
+    """Where ``fn``'s state holds a JAX tracer (a value the step computed and stored,
+    ``self.w = self.w + g``), as Python would name it; None if nowhere."""
+    for chain, child in _capture.walk(fn, set()):
+        if isinstance(child, jax.core.Tracer):
+            return describe(fn, chain)
+    return None
+
+
+def describe(fn: Callable, chain: Chain) -> str:
+    """``chain`` as Python source would read it (``self.model.params['w']``)."""
+    out, obj = "", fn
+    for kind, key in chain:
+        if kind == "self":
+            out = "self"
+        elif kind == "cell":
+            out = obj.__code__.co_freevars[key]
+        elif kind == "global":
+            out = key
+        elif kind in ("default", "kwdefault", "parg", "pkw"):
+            out = f"{'default' if 'default' in kind else 'partial'} argument {key!r}"
+        elif kind in ("attr", "getattr"):
+            out += f".{key}"
+        elif kind == "item":
+            out += f"[{key!r}]"
+        elif kind == "child":
+            out += f".{key[2]}" if key[2] else f"[{key[1]}]"
+        obj = _capture.fetch(obj, ((kind, key),)) if kind != "view" else obj
+    return out
+
+
+def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
+    """The Python numbers, strings and functions ``fn`` reads from its state (through
+    names its code uses, a few levels deep), with their values now, and the classes of
+    the objects it reads there. A trace depends on them: `changed` tells when one moved.
+
+    Values: numbers, strings, None, NumPy scalars and 0-d arrays (JAX inlines those in
+    the program, so they are compared by value, a copy being kept). Identity: functions
+    and other callables that are not objects of a Python class (``jnp.tanh``, a jitted
+    function). Class: other objects (``self.loss = Huber()`` in place of ``MSE()``).
+    Size: lists, dicts and partials (an entry added to what the step iterates over).
+    Values under dict keys that the code names come first in the bound.
+
+    >>> box = {"lr": 0.1}
+    >>> step = lambda x: x * box["lr"]
+    >>> seen = watch(step)
+    >>> changed(step, seen)
+    False
+    >>> box["lr"] = 0.2
+    >>> changed(step, seen)
+    True
+    """
+    out: list[tuple[Chain, Any, str]] = []
+    named: set[str] = set()
+    for chain, value in list(_capture.walk(fn, named, depth=_WATCH_DEPTH)):
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            out.append((chain, value.copy(), "value"))
+        elif isinstance(value, _capture.WATCHED):
+            out.append((chain, value, "value"))
+        elif isinstance(value, (list, dict, functools.partial)):
+            out.append((chain, _size(value), "size"))  # an entry more: ``for w in self.ws``
+        elif isinstance(value, _PARTS):
+            continue  # arrays are inputs; tuples, methods: their parts
+        elif hasattr(value, "__dict__") and not _plain_callable(value):
+            out.append((chain, type(value), "type"))
+        elif callable(value):
+            out.append((chain, value, "ident"))
+    keys = named | _code_strings(fn)
+    out = [w for w in out if _capture.is_named(w[0], named)]
+    out.sort(key=lambda w: (not all(k in keys for kind, k in w[0] if kind == "item"), _ORDER[w[2]]))
+    return tuple(out[:_MAX_WATCHED])
+
+
+def _plain_callable(value: Any) -> bool:
+    """A function, method, partial or other callable that is not a user object."""
+    if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
+        return True
+    defined = [c.__dict__["__call__"] for c in type(value).__mro__ if "__call__" in c.__dict__]
+    return callable(value) and not (defined and isinstance(defined[0], types.FunctionType))
+
+
+def _code_strings(fn: Callable) -> set:
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return set() if code is None else {c for c in code.co_consts if isinstance(c, str)}
+
+
+_PARTS = (
+    jax.Array,
+    np.ndarray,
+    list,
+    tuple,
+    dict,
+    type,
+    types.ModuleType,
+    types.MethodType,  # its function and object are watched (a new bound method each
+    functools.partial,  # ``self.f = self.g`` is the same), a partial's function and arguments
+)
+_WATCH_DEPTH = 6
+_MAX_WATCHED = 64
+_ORDER = {"value": 0, "size": 1, "ident": 2, "type": 3}  # numbers first in the bound
+
+
+def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
+    """Whether a value recorded by `watch` is no longer the same."""
+    for chain, value, how in watched:
+        try:
+            now = _capture.fetch(fn, chain)
+        except _capture.Gone:
+            return True
+        if how == "type":
+            if type(now) is not value:
+                return True
+        elif how == "size":
+            if _size(now) != value:
+                return True
+        elif now is not value:
+            if how == "ident" or type(now) is not type(value) or not _equal(now, value):
+                return True
+    return False
+
+
+def settle(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> tuple:
+    """``watched`` (recorded before the trace) less the sizes the trace changed: a list
+    the step appends to (``traces.append(1)``, a log) is its output, not an input, so
+    its growth does not trace it again; a number it changes (``self.calls += 1``) does,
+    as TF eager counts."""
+    out = []
+    for chain, value, how in watched:
+        if how == "size":
+            try:
+                if _size(_capture.fetch(fn, chain)) != value:
+                    continue
+            except _capture.Gone:
+                continue
+        out.append((chain, value, how))
+    return tuple(out)
+
+
+def _size(x: Any) -> Any:
+    """How many entries a list or dict has (a partial: its arguments), None otherwise."""
+    if isinstance(x, functools.partial):
+        return (len(x.args), len(x.keywords))
+    return len(x) if isinstance(x, (list, dict)) else None
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b) or (a != a and b != b)  # NaN is its own value here
+    except Exception:  # noqa: BLE001 - a value that cannot be compared counts as changed
+        return False
