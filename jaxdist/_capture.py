@@ -42,6 +42,8 @@ class Gone(Exception):
 
 def _pytree_children(obj: Any) -> tuple[list, Any] | None:
     """The children of a registered pytree node (None for a leaf)."""
+    if isinstance(obj, Iterator):  # generators and iterators are leaves (JAX warns on them)
+        return None
     kids, treedef = jax.tree_util.tree_flatten(obj, is_leaf=lambda x: x is not obj)
     if len(kids) == 1 and kids[0] is obj:
         return None

@@ -10,6 +10,7 @@ all-reduced batch sum, 8, to the state it read).
 import functools
 import gc
 import types
+import warnings
 import weakref
 
 import jax
@@ -760,3 +761,15 @@ def test_a_new_partial_or_bound_method_each_call_is_not_a_new_trace(strategy):
         t.history.append(seen[-1])
     assert seen == [0.0, 8.0, 16.0, 24.0]
     assert jd.experimental.step_count(t.step) == 1
+
+
+def test_a_generator_in_the_state_is_not_walked(strategy):
+    """JAX warns when a generator is flattened as a pytree: the state walk never does that."""
+    batches = (i for i in range(3))
+
+    def step():
+        return jnp.float32(len(str(batches)) > 0)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert first(strategy, strategy.run(step)) == 1.0
