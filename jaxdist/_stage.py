@@ -70,7 +70,9 @@ class Staged:
             consts[i] = None  # not kept: read again on every call
         self._consts = consts
         self._jaxpr = closed.jaxpr
-        self._outs = {id(x): c for x, c in zip(out_consts, chains[len(consts) :]) if c is not None}
+        self._outs = {
+            id(x): c for x, c in zip(out_consts, chains[len(consts) :]) if c is not None
+        }
         self._watched = _capture.watch(fn)
         self._placed: list = [None] * len(self._lifted)
         self.num_inputs = len(self._lifted)
