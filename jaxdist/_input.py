@@ -199,6 +199,7 @@ def distribute_dataset(replicas: Replicas, dataset: Any, options: InputOptions |
         spec,
         buffer_size(opts),
         source.cardinality(),
+        defer_errors=not placer.multi_process,
     )
 
 
@@ -289,6 +290,7 @@ def _per_worker(placer: Placer, dataset_fn: Callable, ahead: int) -> Distributed
         ahead,
         cardinality=source.cardinality(),
         steps=count,
+        defer_errors=not placer.multi_process,
     )
 
 
@@ -316,4 +318,5 @@ def _per_replica(placer: Placer, dataset_fn: Callable, ahead: int) -> Distribute
         spec,
         ahead,
         count,
+        defer_errors=not placer.multi_process,
     )
