@@ -165,7 +165,10 @@ def distribute_dataset(replicas: Replicas, dataset: Any, options: InputOptions |
     leaves (plain arrays for one replica). The first batch is read now, to check
     it and to give ``element_spec``. As in TF, any leading axis is a batch axis
     (elements of shape ``(3,)`` are split as batches of 3), and on one replica
-    unbatched elements (scalars) are yielded unchanged.
+    unbatched elements (scalars) are yielded unchanged. Across workers, if the
+    workers' datasets end at different steps, a worker whose data ran out gets
+    empty batches while any worker has data (see
+    `distribute_datasets_from_function`).
 
     >>> import numpy as np, jaxdist as jd
     >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -227,7 +230,12 @@ def distribute_datasets_from_function(
     get empty arrays. ``PER_REPLICA``: called once per replica, with
     ``num_input_pipelines=R`` and ``input_pipeline_id`` the replica id (under that
     replica's `jax.default_device`); replica r reads its own dataset, and gets
-    empty arrays once it is exhausted while others are not.
+    empty arrays once it is exhausted while others are not. Across workers
+    (a multi-worker strategy), a worker whose data ran out gets empty batches
+    (its element spec's dtype and trailing shape) while any worker has data,
+    and iteration ends on every worker together, as TF does: the workers
+    compare their numbers of steps once per epoch, and agree on each step
+    only when a number is unknown or they differ (`jaxdist._input_steps`).
 
     ``dataset_fn`` may return an iterable or a function returning a fresh one
     per epoch (for generators). Nothing is split: each replica gets the

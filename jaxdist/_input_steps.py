@@ -107,9 +107,9 @@ def synced(steps: Iterator[list], placer: Placer, what: str, batched: bool, spec
             return
         if elements is None and spec is None:
             raise ValueError(
-                f"{what}: this worker's dataset is empty while other workers' have data; "
-                "jaxdist learns the structure of the empty batches it hands this worker from "
-                "its dataset's first element. Give every worker at least one batch."
+                "This worker's input is empty while other workers' have data: jaxdist learns "
+                "the structure of the empty batches it hands a worker whose data ran out from "
+                f"that worker's first element ({what}). Give every worker at least one batch."
             )
         lengths = [max(k, 0) for k in every]
         yield placer.combine(elements or [None] * n, what, batched, lengths, spec)

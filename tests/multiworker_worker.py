@@ -374,7 +374,21 @@ def uneven(s, jd, timeout):
     return out
 
 
+def empty_worker(s, jd, timeout):
+    """Worker 1's dataset function gives no batch at all; worker 0's gives two."""
+    import jax.numpy as jnp
+
+    def dataset_fn(ctx):
+        return [np.ones(2, np.float32)] * (2 if ctx.input_pipeline_id == 0 else 0)
+
+    total = 0.0
+    for x in s.distribute_datasets_from_function(dataset_fn):
+        total += float(s.reduce("SUM", s.run(jnp.sum, args=(x,)), axis=None))
+    return {"total": total}
+
+
 SCENARIOS = {
+    "empty_worker": empty_worker,
     "uneven": uneven,
     "no_fetch": no_fetch,
     "ragged": ragged,

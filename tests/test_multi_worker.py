@@ -453,6 +453,15 @@ def test_a_worker_that_runs_one_step_fewer_ends_every_worker_naming_it():
     print(f"uneven step counts reported on every worker after {elapsed:.1f}s")
 
 
+def test_a_worker_whose_dataset_is_empty_from_the_start_ends_every_worker_naming_it():
+    outs, elapsed = _run_timed("empty_worker")
+    for task, (rc, stdout, stderr) in outs.items():
+        assert rc != 0 and "RESULT" not in stdout, (task, rc, stderr[-3000:])
+        last = _last_line(stderr)
+        assert "worker:1 failed with ValueError: This worker's input is empty" in last, last
+    assert elapsed < FAULT_TIMEOUT_S + FAULT_MARGIN_S + SLACK_S, elapsed
+
+
 def test_fetch_to_device_false_keeps_each_workers_values_on_its_host():
     results = _results(_run_all({"worker": 2}, "no_fetch"))
     for worker, result in results.items():
