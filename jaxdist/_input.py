@@ -32,11 +32,11 @@ from jaxdist._input_place import (
     spec_of,
 )
 from jaxdist._input_steps import (
+    SplitSteps,
     lengths_agree,
     per_replica_steps,
     per_worker_steps,
     produce,
-    split_steps,
     synced,
 )
 from jaxdist._options import (
@@ -116,7 +116,7 @@ def split_producer(
     unbatched element, on one replica, passed whole); across workers whose numbers of
     batches may differ, kept in step (`jaxdist._input_steps`)."""
     if not lengths_agree(placer, count()):
-        yield from synced(split_steps(it, placer, what), placer, what, True, spec)
+        yield from synced(it, SplitSteps(placer, what, spec), True)
         return
     for batch in it:
         yield placer.split(batch, what) if batched else placer.combine([batch], what, False)

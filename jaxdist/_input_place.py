@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from jaxdist._devices import Replicas
-from jaxdist._reduce import all_rows
+from jaxdist._distributed import exchange
 from jaxdist._values import from_padded, from_parts, from_shaped, from_stacked
 
 EMPTY = object()
@@ -365,13 +365,15 @@ class Placer:
             return from_padded(self._stack(rows), lengths)
         return self._put_parts([c])[0]
 
-    def exchange(self, local: Sequence[int]) -> list[int]:
-        """One int per local replica -> every replica's, in replica order: across workers one
-        all-gather (every worker must call it at the same point of its program)."""
+    def exchange(self, local: Sequence[int], steps: int = 1) -> list[int]:
+        """``steps`` ints per local replica (step by step) -> every replica's, step by step
+        and in replica order: across workers one exchange on the hosts (every worker must
+        call it at the same point of its program)."""
         if not self.multi_process:
             return [int(k) for k in local]
-        mine = from_stacked(self._stack([np.asarray(k, np.int32) for k in local]))
-        return [int(k) for k in np.asarray(all_rows(self.replicas, mine))]
+        keys = [i * self.n + r for i in range(steps) for r in self.local]
+        every = exchange(dict(zip(keys, (int(k) for k in local))))
+        return [every[k] for k in range(steps * self.n)]
 
     def _stack(self, column: list) -> jax.Array:
         shape = (self.n, *column[0].shape)

@@ -62,22 +62,61 @@ def per_replica_steps(its: Sequence[Iterator], batched: bool) -> Iterator[list]:
         yield elements
 
 
-def split_steps(it: Iterator, placer: Placer, what: str) -> Iterator[list]:
-    """`experimental_distribute_dataset` across workers: the local replicas' rows of each
-    global batch, split as TF does (``ceil(b / R)`` rows each, in order)."""
-    for batch in it:
-        leaves, treedef = host_leaves(batch, what)
+class SplitSteps:
+    """`experimental_distribute_dataset` across workers kept in step: a global batch's
+    row counts per local replica (TF's split, ``ceil(b / R)`` rows each, in order), and
+    its placement (the usual `Placer.split` when every worker has the same batch size)."""
+
+    def __init__(self, placer: Placer, what: str, spec: Any) -> None:
+        self.placer, self.what, self.spec = placer, what, spec
+
+    def _split(self, b: int) -> list[int]:
+        per = -(-b // self.placer.n)
+        return [min(per, max(0, b - r * per)) for r in range(self.placer.n)]
+
+    def rows(self, batch: Any) -> list[int]:
+        every = self._split(int(host_leaves(batch, self.what)[0][0].shape[0]))
+        return [every[r] for r in self.placer.local]
+
+    def place(self, batch: Any, lengths: list[int]) -> Any:
+        local = len(self.placer.local)
+        if batch is None:
+            return self.placer.combine([None] * local, self.what, True, lengths, self.spec)
+        leaves, treedef = host_leaves(batch, self.what)
         b = int(leaves[0].shape[0])
-        per = -(-b // placer.n)
-        yield [
+        if lengths == self._split(b):  # every worker has this batch size: the usual split
+            return self.placer.split(batch, self.what)
+        per = -(-b // self.placer.n)
+        parts = [
             jax.tree.unflatten(
                 treedef, [x[min(r * per, b) : min((r + 1) * per, b)] for x in leaves]
             )
-            for r in placer.local
+            for r in self.placer.local
         ]
+        return self.placer.combine(parts, self.what, True, lengths, self.spec)
+
+
+class CombinedSteps:
+    """`distribute_datasets_from_function` across workers kept in step: one element per
+    local replica and step (None: 0 rows)."""
+
+    def __init__(self, placer: Placer, what: str, batched: bool, spec: Any) -> None:
+        self.placer, self.what, self.batched, self.spec = placer, what, batched, spec
+
+    def rows(self, elements: list) -> list[int]:
+        return [_rows(e, self.batched) for e in elements]
+
+    def place(self, elements: list | None, lengths: list[int]) -> Any:
+        elements = elements or [None] * len(self.placer.local)
+        return self.placer.combine(elements, self.what, self.batched, lengths, self.spec)
 
 
 # -- producers -------------------------------------------------------------------
+
+
+MAX_CHUNK = 8
+"""The most steps the workers agree on in one exchange (each worker reads that many of its
+own elements ahead, on the host, before placing them)."""
 
 
 def lengths_agree(placer: Placer, steps: int) -> bool:
@@ -95,28 +134,38 @@ def _rows(element: Any, batched: bool) -> int:
     return int(np.shape(jax.tree.leaves(element)[0])[0]) if batched else 1
 
 
-def synced(steps: Iterator[list], placer: Placer, what: str, batched: bool, spec: Any) -> Iterator:
-    """Placed steps while any worker has data (one exchange of row counts per step)."""
-    n, live = len(placer.local), True
+def _read(items: Iterator, count: int) -> list:
+    """Up to ``count`` items (fewer at the end)."""
+    return list(itertools.islice(items, count))
+
+
+def synced(items: Iterator, steps: Any, batched: bool) -> Iterator:
+    """Placed steps while any worker has data. The workers exchange their local replicas'
+    row counts for 1, 2, 4, ... up to `MAX_CHUNK` steps at a time (`NO_DATA` past the end
+    of a worker's data), so a long epoch costs one exchange per `MAX_CHUNK` steps."""
+    placer, n, chunk, live = steps.placer, len(steps.placer.local), 1, True
     while True:
-        elements = next(steps, None) if live else None
-        live = elements is not None
-        mine = [_rows(e, batched) for e in elements] if elements is not None else [NO_DATA] * n
-        every = placer.exchange(mine)
-        if all(k == NO_DATA for k in every) or (not batched and NO_DATA in every):
-            return
-        if elements is None and spec is None:
-            raise ValueError(
-                "This worker's input is empty while other workers' have data: jaxdist learns "
-                "the structure of the empty batches it hands a worker whose data ran out from "
-                f"that worker's first element ({what}). Give every worker at least one batch."
-            )
-        lengths = [max(k, 0) for k in every]
-        yield placer.combine(elements or [None] * n, what, batched, lengths, spec)
+        got = _read(items, chunk) if live else []
+        live = len(got) == chunk
+        mine = [k for item in got for k in steps.rows(item)] + [NO_DATA] * n * (chunk - len(got))
+        every = placer.exchange(mine, chunk)
+        for i in range(chunk):
+            lengths = every[i * placer.n : (i + 1) * placer.n]
+            if all(k == NO_DATA for k in lengths) or (not batched and NO_DATA in lengths):
+                return
+            if i >= len(got) and steps.spec is None:
+                raise ValueError(
+                    "This worker's input is empty while other workers' have data: jaxdist "
+                    "learns the structure of the empty batches it hands a worker whose data ran "
+                    f"out from that worker's first element ({steps.what}). Give every worker at "
+                    "least one batch."
+                )
+            yield steps.place(got[i] if i < len(got) else None, [max(k, 0) for k in lengths])
+        chunk = min(2 * chunk, MAX_CHUNK)
 
 
 def produce(
-    steps: Iterator[list],
+    elements: Iterator[list],
     placer: Placer,
     what: str,
     batched: bool,
@@ -126,7 +175,7 @@ def produce(
     """The placed steps of a dataset function's datasets; across workers, kept in step
     (see the module docstring). ``count()``: this worker's number of steps this epoch."""
     if lengths_agree(placer, count()):
-        for elements in steps:
-            yield placer.combine(elements, what, batched)
+        for step in elements:
+            yield placer.combine(step, what, batched)
     else:
-        yield from synced(steps, placer, what, batched, spec)
+        yield from synced(elements, CombinedSteps(placer, what, batched, spec), batched)
