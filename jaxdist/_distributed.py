@@ -245,35 +245,41 @@ def _check_same_device_counts(devices: list) -> None:
 EXCHANGE_KEY = "jaxdist/exchange"
 
 
-def exchange(local: dict[int, int]) -> dict[int, int]:
+def exchange(local: dict[int, int], purpose: str) -> dict[int, int]:
     """Every worker's ``{replica id: int}``, merged: an all-gather on the hosts through the
     coordination service (key-value store), not a device program, so it does not wait for
-    the steps in flight. Every worker must call it at the same point of its program; a
-    worker that does not come within ``timeout_seconds`` ends every worker, named."""
+    the steps in flight. Every worker must call it at the same point of its program, for
+    the same ``purpose``; a worker that does not come within ``timeout_seconds``, or comes
+    for another purpose, ends every worker, named."""
     client = jax_distributed.global_state.client
     if client is None:
         raise RuntimeError("exchange: this process has not joined a multi-worker cluster.")
     names, pid, timeout = _state["names"], _state["joined"][2], _state["timeout"]
     seq = _state["exchanges"] = _state.get("exchanges", 0) + 1
-    client.key_value_set(
-        f"{EXCHANGE_KEY}/{seq}/{pid}", ",".join(f"{r}:{v}" for r, v in local.items())
-    )
+    text = ",".join(f"{r}:{v}" for r, v in local.items())
+    client.key_value_set(f"{EXCHANGE_KEY}/{seq}/{pid}", f"{purpose}|{text}")
     merged = dict(local)
     for p in range(len(names)):
-        if p == pid:
-            continue
-        try:
-            text = client.blocking_key_value_get(f"{EXCHANGE_KEY}/{seq}/{p}", int(timeout * 1000))
-        except jax.errors.JaxRuntimeError:
-            _state["abort"](
-                f"exchange #{seq} (the workers agreeing on the next step of a distributed "
-                f"dataset) got no answer from task {names[p]} within {timeout:g}s: every "
-                "worker must iterate its distributed datasets in the same order; aborting"
-            )
-            raise
-        for item in text.split(","):
-            r, v = item.split(":")
-            merged[int(r)] = int(v)
+        if p != pid:
+            merged.update(_received(client, seq, p, purpose, timeout))
     if seq > 2:  # every worker has read exchange seq - 2 before posting seq - 1
         client.key_value_delete(f"{EXCHANGE_KEY}/{seq - 2}/{pid}")
     return merged
+
+
+def _received(client: Any, seq: int, p: int, purpose: str, timeout: float) -> dict[int, int]:
+    names = _state["names"]
+    try:
+        got = client.blocking_key_value_get(f"{EXCHANGE_KEY}/{seq}/{p}", int(timeout * 1000))
+    except jax.errors.JaxRuntimeError:
+        got = None
+    theirs, _, text = (got or "").partition("|")
+    if got is None or theirs != purpose:
+        came = f"came for {theirs}" if got is not None else f"did not come within {timeout:g}s"
+        message = (
+            f"exchange #{seq} across workers (for {purpose}): task {names[p]} {came}; every "
+            "worker must iterate its distributed datasets in the same order; aborting"
+        )
+        _state["abort"](message)
+        raise RuntimeError(message)
+    return {int(r): int(v) for r, v in (item.split(":") for item in text.split(","))}

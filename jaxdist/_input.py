@@ -287,10 +287,7 @@ def _per_worker(placer: Placer, dataset_fn: Callable, ahead: int) -> Distributed
 
     def steps() -> Iterator:
         it = source.open()
-        local_steps = lambda: step_count([source.cardinality()], batched, shared=local)  # noqa: E731
-        return produce(
-            per_worker_steps(it, local, batched), placer, _DSFN_EACH, batched, spec, local_steps
-        )
+        return produce(per_worker_steps(it, local, batched), placer, _DSFN_EACH, batched, spec)
 
     return DistributedDataset(
         steps,
@@ -316,10 +313,7 @@ def _per_replica(placer: Placer, dataset_fn: Callable, ahead: int) -> Distribute
 
     def steps() -> Iterator:
         its = [s.open() for s in sources]
-        local_steps = lambda: step_count([s.cardinality() for s in sources], batched)  # noqa: E731
-        return produce(
-            per_replica_steps(its, batched), placer, _DSFN_EACH, batched, spec, local_steps
-        )
+        return produce(per_replica_steps(its, batched), placer, _DSFN_EACH, batched, spec)
 
     return DistributedDataset(
         steps,

@@ -355,7 +355,7 @@ class Placer:
         if lengths is None and len({(x.shape, x.dtype) for x in c}) == 1:
             return from_stacked(self._stack(c))
         if batched and len({(x.shape[1:], x.dtype) for x in c}) == 1:  # only batch sizes differ
-            lengths = lengths or self.exchange([len(x) for x in c])
+            lengths = lengths or self.exchange([len(x) for x in c], "the batch sizes of a step")
             size = max(lengths)
             if min(lengths) == size:
                 return from_stacked(self._stack(c))
@@ -365,14 +365,14 @@ class Placer:
             return from_padded(self._stack(rows), lengths)
         return self._put_parts([c])[0]
 
-    def exchange(self, local: Sequence[int], steps: int = 1) -> list[int]:
+    def exchange(self, local: Sequence[int], purpose: str, steps: int = 1) -> list[int]:
         """``steps`` ints per local replica (step by step) -> every replica's, step by step
         and in replica order: across workers one exchange on the hosts (every worker must
         call it at the same point of its program)."""
         if not self.multi_process:
             return [int(k) for k in local]
         keys = [i * self.n + r for i in range(steps) for r in self.local]
-        every = exchange(dict(zip(keys, (int(k) for k in local))))
+        every = exchange(dict(zip(keys, (int(k) for k in local))), purpose)
         return [every[k] for k in range(steps * self.n)]
 
     def _stack(self, column: list) -> jax.Array:

@@ -1,7 +1,7 @@
 """Steps of distributed input, and the workers' agreement on them.
 
 A step is one element per local replica (None: that replica gets 0 rows). The readers
-below make the steps of each input kind; the producers place them with a `Placer`.
+below make the steps of each input kind; `produce` places them with a `Placer`.
 
 In a multi-worker run the workers' datasets may end at different steps (each worker
 reads its own dataset). TF then keeps a worker whose data ran out in the collectives,
@@ -9,18 +9,21 @@ handing it empty batches until every worker is done, and ends the loop on every 
 together (it all-reduces a has-data flag every step). jaxdist does the same, paying for
 it only when it must: at the start of each epoch the workers compare their numbers of
 steps (one exchange); when every worker knows its number and they are equal, nothing
-more is exchanged. Otherwise, every step, the workers exchange their local replicas'
-row counts (`NO_DATA` for a worker with no data left): while any worker has data, one
-without gets empty batches (0 rows, with the element spec's dtype and trailing shape)
-and the step is a partial batch across workers; when none has, the loop ends on every
-worker. Unbatched elements (whole elements per replica) end when any worker's do, as
-TF's eager iteration drops an incomplete step.
+more is exchanged. Otherwise (`synced`) the workers exchange their local replicas' row
+counts (`NO_DATA` past the end of a worker's data) for the next 1, 2, 4, then
+`MAX_CHUNK` steps at a time, each worker reading that many of its own elements ahead on
+the host: while any worker has data, one without gets empty batches (0 rows, with the
+element spec's dtype and trailing shape) and the step is a partial batch across
+workers; when none has, the loop ends on every worker. Unbatched elements (whole
+elements per replica) end when any worker's do, as TF's eager iteration drops an
+incomplete step. The exchanges run on the hosts (`jaxdist._distributed.exchange`), so
+they never wait for the steps in flight on the devices.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -124,7 +127,7 @@ def lengths_agree(placer: Placer, steps: int) -> bool:
     across workers; True at once in one process)."""
     if not placer.multi_process:
         return True
-    every = placer.exchange([steps] * len(placer.local))
+    every = placer.exchange([steps] * len(placer.local), "the number of steps of an epoch")
     return every[0] != UNKNOWN and len(set(every)) == 1
 
 
@@ -148,7 +151,7 @@ def synced(items: Iterator, steps: Any, batched: bool) -> Iterator:
         got = _read(items, chunk) if live else []
         live = len(got) == chunk
         mine = [k for item in got for k in steps.rows(item)] + [NO_DATA] * n * (chunk - len(got))
-        every = placer.exchange(mine, chunk)
+        every = placer.exchange(mine, "the row counts of the next steps", chunk)
         for i in range(chunk):
             lengths = every[i * placer.n : (i + 1) * placer.n]
             if all(k == NO_DATA for k in lengths) or (not batched and NO_DATA in lengths):
@@ -165,16 +168,12 @@ def synced(items: Iterator, steps: Any, batched: bool) -> Iterator:
 
 
 def produce(
-    elements: Iterator[list],
-    placer: Placer,
-    what: str,
-    batched: bool,
-    spec: Any,
-    count: Callable[[], int],
+    elements: Iterator[list], placer: Placer, what: str, batched: bool, spec: Any
 ) -> Iterator:
-    """The placed steps of a dataset function's datasets; across workers, kept in step
-    (see the module docstring). ``count()``: this worker's number of steps this epoch."""
-    if lengths_agree(placer, count()):
+    """The placed steps of a dataset function's datasets. Across workers they are always
+    kept in step (`synced`): the workers' batch sizes may differ at any step, even when
+    their numbers of steps agree, and every worker must place a step the same way."""
+    if not placer.multi_process:
         for step in elements:
             yield placer.combine(step, what, batched)
     else:

@@ -371,6 +371,11 @@ def uneven(s, jd, timeout):
         yield from (np.arange(4 * i, 4 * i + 4) for i in range(batches))
 
     out["dataset"] = [record(x) for x in s.experimental_distribute_dataset(generate)]
+
+    def mixed_fn(ctx):  # as many batches on each worker, of sizes that differ between them
+        return [np.arange(3), np.arange(3 if ctx.input_pipeline_id == 0 else 1)]
+
+    out["mixed"] = [record(x) for x in s.distribute_datasets_from_function(mixed_fn)]
     return out
 
 

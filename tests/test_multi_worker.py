@@ -316,6 +316,19 @@ def test_workers_whose_datasets_end_at_different_steps_give_tfs_answers(devices)
         assert [s["jit_all_reduce"] for s in steps] == [s["all_reduce"] for s in steps]
         assert [s["mean_axis0"] for s in steps] == [1.5, 5.5, 8.5]
         assert [s["rows"] for s in steps] == [4, 4, 2]
+    # as many batches on each worker, but worker 1's second has 1 row, worker 0's 3
+    sizes = {0: [3, 3], 1: [3, 1]}
+    for w in (0, 1):
+        steps = results[("worker", w)]["mixed"]
+        assert len(steps) == 2 // devices
+        for k, step in enumerate(steps):
+            each = [n for v in (0, 1) for n in sizes[v][k * devices : (k + 1) * devices]]
+            assert step["gather"] == [float(i) for n in each for i in range(n)]
+            assert step["all_reduce"] == [float(sum(sum(range(n)) for n in each))] * devices
+            assert step["rows"] == sum(each)
+            assert step["local_x"] == [
+                list(range(n)) for n in sizes[w][k * devices : (k + 1) * devices]
+            ]
 
 
 @pytest.mark.parametrize("devices", [2, 4], ids=["2x2", "2x4"])
