@@ -392,7 +392,19 @@ def empty_worker(s, jd, timeout):
     return {"total": total}
 
 
+def skip_input(s, jd, timeout):
+    """Worker 0 iterates a generator's distributed dataset; worker 1 never does."""
+
+    def generate():
+        yield from [np.ones(4, np.float32)] * 3
+
+    if s.cluster_resolver.task_id == 1:
+        return {"skipped": True}
+    return {"steps": len(list(s.experimental_distribute_dataset(generate)))}
+
+
 SCENARIOS = {
+    "skip_input": skip_input,
     "empty_worker": empty_worker,
     "uneven": uneven,
     "no_fetch": no_fetch,

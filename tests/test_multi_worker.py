@@ -475,6 +475,20 @@ def test_a_worker_whose_dataset_is_empty_from_the_start_ends_every_worker_naming
     assert elapsed < FAULT_TIMEOUT_S + FAULT_MARGIN_S + SLACK_S, elapsed
 
 
+def test_a_worker_that_skips_a_distributed_dataset_ends_every_worker_naming_the_exchange():
+    """Worker 0 waits in the exchange of an epoch's start; worker 1 ended its program. Which
+    timeout fires first (worker 0's exchange, worker 1's shutdown barrier) is a race: either
+    way every worker's last line names worker 1 and what it did not do."""
+    outs, elapsed = _run_timed("skip_input")
+    for task, (rc, _, stderr) in outs.items():
+        last = _last_line(stderr)
+        assert rc == 75 and last.startswith("jaxdist: task"), (task, rc, stderr[-3000:])
+        exchange = "exchange #1 across workers" in last and "worker:1 did not come" in last
+        barrier = "task worker:1 finished its program" in last
+        assert exchange or barrier, last
+    assert elapsed < FAULT_TIMEOUT_S + FAULT_MARGIN_S + SLACK_S, elapsed
+
+
 def test_fetch_to_device_false_keeps_each_workers_values_on_its_host():
     results = _results(_run_all({"worker": 2}, "no_fetch"))
     for worker, result in results.items():
