@@ -42,7 +42,16 @@ NO_DATA = -1
 def per_worker_steps(it: Iterator, n: int, batched: bool) -> Iterator[list]:
     """PER_WORKER: each of the ``n`` local replicas takes the next element of the one
     dataset; at the end, replicas with no batch left get None (empty batches), and with
-    unbatched elements an incomplete last step is dropped (as TF eager)."""
+    unbatched elements an incomplete last step is dropped (as TF eager).
+
+    >>> import numpy as np
+    >>> batches = [np.zeros((2, 1)), np.ones((2, 1)), np.ones((1, 1))]
+    >>> steps = per_worker_steps(iter(batches), 2, True)
+    >>> [[None if e is None else e.shape for e in step] for step in steps]
+    [[(2, 1), (2, 1)], [(1, 1), None]]
+    >>> list(per_worker_steps(iter([5.0, 6.0, 7.0]), 2, False))  # unbatched: the 7 is dropped
+    [[5.0, 6.0]]
+    """
     while True:
         elements = list(itertools.islice(it, n))
         if not elements or (len(elements) < n and not batched):
