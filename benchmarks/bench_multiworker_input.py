@@ -4,10 +4,12 @@ Each round launches 2 worker processes (127.0.0.1) that run ``STEPS`` SGD steps 
 ``experimental_distribute_dataset`` and time the loop; rounds alternate between two
 jaxdist trees (``--base DIR``, e.g. an export of the commit before a change, and this
 checkout), so the ratio is paired. Sources: a list (known length: the workers compare
-their step counts once per epoch) and a generator (unknown length: the workers agree
-every step whether any has data).
+their step counts once per epoch), a generator (unknown length: the workers agree on the
+next steps' row counts, 8 steps per exchange) and a dataset function (always agreed on,
+as for the generator).
 
-Run: ``python -m benchmarks.bench_multiworker_input --base /tmp/base [--rounds 5]``
+Run: ``python benchmarks/bench_multiworker_input.py --base /tmp/base [--rounds 5]``
+(``JAXDIST_BENCH_STEPS`` sets the steps per round, default 300)
 (the base tree must hold a ``jaxdist`` package). Prints seconds per step and ratios.
 """
 
@@ -24,7 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = 300
+STEPS = int(os.environ.get("JAXDIST_BENCH_STEPS", "300"))
 BATCH = (64, 256)
 
 
@@ -47,14 +49,18 @@ def _worker(kind: str) -> None:
     def generate():
         yield from (x for _ in range(STEPS))
 
-    source = [x] * STEPS if kind == "list" else generate
+    per_replica = [x[: BATCH[0] // s.num_replicas_in_sync]] * (STEPS * 2)
+    if kind == "dsfn":  # each worker's 2 replicas take consecutive per-replica batches
+        dist = s.distribute_datasets_from_function(lambda ctx: per_replica)
+    else:
+        dist = s.experimental_distribute_dataset([x] * STEPS if kind == "list" else generate)
     w = s.experimental_distribute_values_from_function(lambda c: jnp.eye(BATCH[1]))
     for batch in s.experimental_distribute_dataset([x] * 20):  # compile and warm up
         w = s.run(step, args=(w, batch))
     jax.block_until_ready(s.experimental_local_results(w))
     t0 = time.perf_counter()
     n = 0
-    for batch in s.experimental_distribute_dataset(source):
+    for batch in dist:
         w = s.run(step, args=(w, batch))
         n += 1
     jax.block_until_ready(s.experimental_local_results(w))
@@ -95,7 +101,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--base", help="a tree holding the jaxdist to compare against")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--kinds", default="list,generator")
+    parser.add_argument("--kinds", default="list,generator,dsfn")
     parser.add_argument("--worker")
     args = parser.parse_args()
     if args.worker:
