@@ -110,13 +110,19 @@ class InputContext:
 
 
 def split_producer(
-    it: Iterator, placer: Placer, what: str, batched: bool, spec: Any, count: Callable[[], int]
+    it: Iterator,
+    placer: Placer,
+    what: str,
+    batched: bool,
+    spec: Any,
+    count: Callable[[], int],
+    ahead: int,
 ) -> Iterator:
     """Elements of `experimental_distribute_dataset`: each global batch split (an
     unbatched element, on one replica, passed whole); across workers whose numbers of
-    batches may differ, kept in step (`jaxdist._input_steps`)."""
+    batches may differ, kept in step (`jaxdist._input_steps`; ``ahead``: the buffer size)."""
     if not lengths_agree(placer, count()):
-        yield from synced(it, SplitSteps(placer, what, spec), True)
+        yield from synced(it, SplitSteps(placer, what, spec, ahead), True)
         return
     for batch in it:
         yield placer.split(batch, what) if batched else placer.combine([batch], what, False)
@@ -198,7 +204,9 @@ def distribute_dataset(replicas: Replicas, dataset: Any, options: InputOptions |
         _raise_unbatched(first, placer.n)
     what = "each batch of dataset"
     return DistributedDataset(
-        lambda: split_producer(source.open(), placer, what, batched, spec, source.cardinality),
+        lambda: split_producer(
+            source.open(), placer, what, batched, spec, source.cardinality, buffer_size(opts)
+        ),
         spec,
         buffer_size(opts),
         source.cardinality(),
@@ -287,7 +295,9 @@ def _per_worker(placer: Placer, dataset_fn: Callable, ahead: int) -> Distributed
 
     def steps() -> Iterator:
         it = source.open()
-        return produce(per_worker_steps(it, local, batched), placer, _DSFN_EACH, batched, spec)
+        return produce(
+            per_worker_steps(it, local, batched), placer, _DSFN_EACH, batched, spec, ahead
+        )
 
     return DistributedDataset(
         steps,
@@ -313,7 +323,7 @@ def _per_replica(placer: Placer, dataset_fn: Callable, ahead: int) -> Distribute
 
     def steps() -> Iterator:
         its = [s.open() for s in sources]
-        return produce(per_replica_steps(its, batched), placer, _DSFN_EACH, batched, spec)
+        return produce(per_replica_steps(its, batched), placer, _DSFN_EACH, batched, spec, ahead)
 
     return DistributedDataset(
         steps,

@@ -79,8 +79,8 @@ class SplitSteps:
     row counts per local replica (TF's split, ``ceil(b / R)`` rows each, in order), and
     its placement (the usual `Placer.split` when every worker has the same batch size)."""
 
-    def __init__(self, placer: Placer, what: str, spec: Any) -> None:
-        self.placer, self.what, self.spec = placer, what, spec
+    def __init__(self, placer: Placer, what: str, spec: Any, ahead: int = 1) -> None:
+        self.placer, self.what, self.spec, self.ahead = placer, what, spec, ahead
 
     def _split(self, b: int) -> list[int]:
         per = -(-b // self.placer.n)
@@ -112,8 +112,9 @@ class CombinedSteps:
     """`distribute_datasets_from_function` across workers kept in step: one element per
     local replica and step (None: 0 rows)."""
 
-    def __init__(self, placer: Placer, what: str, batched: bool, spec: Any) -> None:
+    def __init__(self, placer: Placer, what: str, batched: bool, spec: Any, ahead: int = 1) -> None:
         self.placer, self.what, self.batched, self.spec = placer, what, batched, spec
+        self.ahead = ahead
 
     def rows(self, elements: list) -> list[int]:
         return [_rows(e, self.batched) for e in elements]
@@ -154,8 +155,10 @@ def _read(items: Iterator, count: int) -> list:
 def synced(items: Iterator, steps: Any, batched: bool) -> Iterator:
     """Placed steps while any worker has data. The workers exchange their local replicas'
     row counts for 1, 2, 4, ... up to `MAX_CHUNK` steps at a time (`NO_DATA` past the end
-    of a worker's data), so a long epoch costs one exchange per `MAX_CHUNK` steps."""
+    of a worker's data), so a long epoch costs one exchange per `MAX_CHUNK` steps; with a
+    buffer size of 0 (``steps.ahead``: read nothing ahead), one step at a time."""
     placer, n, chunk, live = steps.placer, len(steps.placer.local), 1, True
+    most = MAX_CHUNK if steps.ahead else 1
     while True:
         got = _read(items, chunk) if live else []
         live = len(got) == chunk
@@ -173,11 +176,11 @@ def synced(items: Iterator, steps: Any, batched: bool) -> Iterator:
                     "least one batch."
                 )
             yield steps.place(got[i] if i < len(got) else None, [max(k, 0) for k in lengths])
-        chunk = min(2 * chunk, MAX_CHUNK)
+        chunk = min(2 * chunk, most)
 
 
 def produce(
-    elements: Iterator[list], placer: Placer, what: str, batched: bool, spec: Any
+    elements: Iterator[list], placer: Placer, what: str, batched: bool, spec: Any, ahead: int
 ) -> Iterator:
     """The placed steps of a dataset function's datasets. Across workers they are always
     kept in step (`synced`): the workers' batch sizes may differ at any step, even when
@@ -186,4 +189,4 @@ def produce(
         for step in elements:
             yield placer.combine(step, what, batched)
     else:
-        yield from synced(elements, CombinedSteps(placer, what, batched, spec), batched)
+        yield from synced(elements, CombinedSteps(placer, what, batched, spec, ahead), batched)

@@ -43,7 +43,9 @@ def test_combined_steps_place_empty_replicas_with_the_spec():
     assert float(s.reduce("SUM", out[0], axis=0).sum()) == 6.0
 
 
-def test_an_endless_source_is_read_at_most_a_chunk_ahead():
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_an_endless_source_is_read_at_most_a_chunk_ahead(ahead):
+    """Up to MAX_CHUNK host batches ahead; none with a buffer size of 0 (Keras asks that)."""
     s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
     placer = Placer(s.extended.replicas, True)
     read = []
@@ -54,9 +56,9 @@ def test_an_endless_source_is_read_at_most_a_chunk_ahead():
             yield np.full(2, i, np.float32)
 
     spec = s.experimental_distribute_dataset([np.ones(2, np.float32)]).element_spec
-    it = synced(endless(), SplitSteps(placer, "b", spec), True)
+    it = synced(endless(), SplitSteps(placer, "b", spec, ahead), True)
     first = next(it)
     assert _local(s, first) == [[0.0], [0.0]] and len(read) == 1  # the first step at once
     taken = list(itertools.islice(it, 40))
     assert [_local(s, x)[0][0] for x in taken] == list(range(1, 41))
-    assert len(read) <= 41 + MAX_CHUNK
+    assert len(read) == 41 if ahead == 0 else 41 < len(read) <= 41 + MAX_CHUNK
