@@ -10,8 +10,9 @@ TF_CONFIG address while it waits, so that the others can tell a started task fro
 one. Once the cluster has formed, `jaxdist._cluster_guard` watches it. `join_cluster` also
 checks that every worker brings the same number of devices. The one failure that cannot be
 caught in-process is the coordinator dying while this task is idle: jaxlib aborts within
-~0.2 s ("the leader task was preempted/died"). `_backend_started` reads private jax API
-(``jax._src.xla_bridge``, jax 0.10).
+~0.2 s ("the leader task was preempted/died"). `exchange` is a small all-gather of ints
+on the hosts, through the coordination service's key-value store. `_backend_started` and
+`exchange` read private jax API (``jax._src.xla_bridge``, ``jax._src.distributed``, jax 0.10).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import threading
 from typing import Any
 
 import jax
+from jax._src import distributed as jax_distributed
 
 from jaxdist import _cluster_guard, _inflight
 from jaxdist._cluster_guard import die
@@ -152,6 +154,7 @@ def join(resolver: Any, timeout_seconds: float | None) -> tuple[str, int, int]:
     _state["abort"] = _cluster_guard.start(names, pid, timeout)
     _state["joined"] = (names[pid], n, pid)
     _state["names"] = names
+    _state["timeout"] = timeout
     return names[pid], n, pid
 
 
@@ -237,3 +240,46 @@ def _check_same_device_counts(devices: list) -> None:
             "same devices (e.g. the same --xla_force_host_platform_device_count, or "
             "jax.config.update('jax_num_cpu_devices', n) before the strategy is created)."
         )
+
+
+EXCHANGE_KEY = "jaxdist/exchange"
+
+
+def exchange(local: dict[int, int], purpose: str) -> dict[int, int]:
+    """Every worker's ``{replica id: int}``, merged: an all-gather on the hosts through the
+    coordination service (key-value store), not a device program, so it does not wait for
+    the steps in flight. Every worker must call it at the same point of its program, for
+    the same ``purpose``; a worker that does not come within ``timeout_seconds``, or comes
+    for another purpose, ends every worker, named."""
+    client = jax_distributed.global_state.client
+    if client is None:
+        raise RuntimeError("exchange: this process has not joined a multi-worker cluster.")
+    names, pid, timeout = _state["names"], _state["joined"][2], _state["timeout"]
+    seq = _state["exchanges"] = _state.get("exchanges", 0) + 1
+    text = ",".join(f"{r}:{v}" for r, v in local.items())
+    client.key_value_set(f"{EXCHANGE_KEY}/{seq}/{pid}", f"{purpose}|{text}")
+    merged = dict(local)
+    for p in range(len(names)):
+        if p != pid:
+            merged.update(_received(client, seq, p, purpose, timeout))
+    if seq > 2:  # every worker has read exchange seq - 2 before posting seq - 1
+        client.key_value_delete(f"{EXCHANGE_KEY}/{seq - 2}/{pid}")
+    return merged
+
+
+def _received(client: Any, seq: int, p: int, purpose: str, timeout: float) -> dict[int, int]:
+    names = _state["names"]
+    try:
+        got = client.blocking_key_value_get(f"{EXCHANGE_KEY}/{seq}/{p}", int(timeout * 1000))
+    except jax.errors.JaxRuntimeError:
+        got = None
+    theirs, _, text = (got or "").partition("|")
+    if got is None or theirs != purpose:
+        came = f"came for {theirs}" if got is not None else f"did not come within {timeout:g}s"
+        message = (
+            f"exchange #{seq} across workers (for {purpose}): task {names[p]} {came}; every "
+            "worker must iterate its distributed datasets in the same order; aborting"
+        )
+        _state["abort"](message)
+        raise RuntimeError(message)
+    return {int(r): int(v) for r, v in (item.split(":") for item in text.split(","))}

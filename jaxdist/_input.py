@@ -10,7 +10,6 @@ sources and place each step with a `Placer` (`jaxdist._input_place`).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -31,6 +30,14 @@ from jaxdist._input_place import (
     host_leaves,
     scalar_leaf,
     spec_of,
+)
+from jaxdist._input_steps import (
+    SplitSteps,
+    lengths_agree,
+    per_replica_steps,
+    per_worker_steps,
+    produce,
+    synced,
 )
 from jaxdist._options import (
     InputOptions,
@@ -102,45 +109,23 @@ class InputContext:
 # -- producers -------------------------------------------------------------------
 
 
-def split_producer(it: Iterator, placer: Placer, what: str, batched: bool) -> Iterator:
+def split_producer(
+    it: Iterator,
+    placer: Placer,
+    what: str,
+    batched: bool,
+    spec: Any,
+    count: Callable[[], int],
+    ahead: int,
+) -> Iterator:
     """Elements of `experimental_distribute_dataset`: each global batch split (an
-    unbatched element, on one replica, passed whole)."""
+    unbatched element, on one replica, passed whole); across workers whose numbers of
+    batches may differ, kept in step (`jaxdist._input_steps`; ``ahead``: the buffer size)."""
+    if not lengths_agree(placer, count()):
+        yield from synced(it, SplitSteps(placer, what, spec, ahead), True)
+        return
     for batch in it:
         yield placer.split(batch, what) if batched else placer.combine([batch], what, False)
-
-
-def per_worker_producer(it: Iterator, placer: Placer, what: str, batched: bool) -> Iterator:
-    """PER_WORKER elements: each local replica takes the next element of the one dataset.
-
-    At the end, replicas with no batch left get empty batches; with unbatched
-    elements an incomplete last step is dropped (as TF eager).
-    """
-    n = len(placer.local)
-    while True:
-        elements = list(itertools.islice(it, n))
-        if not elements or (len(elements) < n and not batched):
-            return
-        yield placer.combine(elements + [None] * (n - len(elements)), what, batched)
-
-
-def per_replica_producer(
-    its: Sequence[Iterator], placer: Placer, what: str, batched: bool
-) -> Iterator:
-    """PER_REPLICA elements: replica r takes the next element of its own dataset.
-
-    An exhausted replica gets empty batches while others have data; with
-    unbatched elements the data ends when any replica's does.
-    """
-    live = [True] * len(its)
-    while True:
-        elements = []
-        for k, it in enumerate(its):
-            e = next(it, _EMPTY) if live[k] else _EMPTY
-            live[k] = e is not _EMPTY
-            elements.append(e if live[k] else None)
-        if not any(live) or (not batched and not all(live)):
-            return
-        yield placer.combine(elements, what, batched)
 
 
 def step_count(counts: Sequence[int], batched: bool, shared: int = 1) -> int:
@@ -186,7 +171,10 @@ def distribute_dataset(replicas: Replicas, dataset: Any, options: InputOptions |
     leaves (plain arrays for one replica). The first batch is read now, to check
     it and to give ``element_spec``. As in TF, any leading axis is a batch axis
     (elements of shape ``(3,)`` are split as batches of 3), and on one replica
-    unbatched elements (scalars) are yielded unchanged.
+    unbatched elements (scalars) are yielded unchanged. Across workers, if the
+    workers' datasets end at different steps, a worker whose data ran out gets
+    empty batches while any worker has data (see
+    `distribute_datasets_from_function`).
 
     >>> import numpy as np, jaxdist as jd
     >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -216,10 +204,13 @@ def distribute_dataset(replicas: Replicas, dataset: Any, options: InputOptions |
         _raise_unbatched(first, placer.n)
     what = "each batch of dataset"
     return DistributedDataset(
-        lambda: split_producer(source.open(), placer, what, batched),
+        lambda: split_producer(
+            source.open(), placer, what, batched, spec, source.cardinality, buffer_size(opts)
+        ),
         spec,
         buffer_size(opts),
         source.cardinality(),
+        defer_errors=not placer.multi_process,
     )
 
 
@@ -247,7 +238,12 @@ def distribute_datasets_from_function(
     get empty arrays. ``PER_REPLICA``: called once per replica, with
     ``num_input_pipelines=R`` and ``input_pipeline_id`` the replica id (under that
     replica's `jax.default_device`); replica r reads its own dataset, and gets
-    empty arrays once it is exhausted while others are not.
+    empty arrays once it is exhausted while others are not. Across workers
+    (a multi-worker strategy), a worker whose data ran out gets empty batches
+    (its element spec's dtype and trailing shape) while any worker has data,
+    and iteration ends on every worker together, as TF does: the workers
+    compare their numbers of steps once per epoch, and agree on each step
+    only when a number is unknown or they differ (`jaxdist._input_steps`).
 
     ``dataset_fn`` may return an iterable or a function returning a fresh one
     per epoch (for generators). Nothing is split: each replica gets the
@@ -295,12 +291,21 @@ def _per_worker(placer: Placer, dataset_fn: Callable, ahead: int) -> Distributed
     source = Source(dataset_fn(InputContext(workers, worker, placer.n)), _DSFN)
     spec, batched = inspect_first(source.peek(), _DSFN, placer.on_device)
     count = step_count([source.cardinality()], batched, shared=len(placer.local))
+    local = len(placer.local)
+
+    def steps() -> Iterator:
+        it = source.open()
+        return produce(
+            per_worker_steps(it, local, batched), placer, _DSFN_EACH, batched, spec, ahead
+        )
+
     return DistributedDataset(
-        lambda: per_worker_producer(source.open(), placer, _DSFN_EACH, batched),
+        steps,
         spec,
         ahead,
         cardinality=source.cardinality(),
         steps=count,
+        defer_errors=not placer.multi_process,
     )
 
 
@@ -315,9 +320,15 @@ def _per_replica(placer: Placer, dataset_fn: Callable, ahead: int) -> Distribute
     first = next((f for f in firsts if f is not _EMPTY), _EMPTY)
     spec, batched = inspect_first(first, _DSFN, placer.on_device)
     count = step_count([s.cardinality() for s in sources], batched)
+
+    def steps() -> Iterator:
+        its = [s.open() for s in sources]
+        return produce(per_replica_steps(its, batched), placer, _DSFN_EACH, batched, spec, ahead)
+
     return DistributedDataset(
-        lambda: per_replica_producer([s.open() for s in sources], placer, _DSFN_EACH, batched),
+        steps,
         spec,
         ahead,
         count,
+        defer_errors=not placer.multi_process,
     )

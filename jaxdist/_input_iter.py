@@ -108,7 +108,8 @@ class DistributedIterator:
     `jax.device_put` is asynchronous, so their host-to-device transfers run
     while the caller's step runs (reading the source itself
     happens in the caller's thread). An error in a batch is raised when that
-    element is reached, not earlier.
+    element is reached, not earlier; in a multi-worker run at once (the other
+    workers may be waiting for this one to agree on the next step).
 
     >>> import numpy as np, jaxdist as jd
     >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -127,10 +128,13 @@ e.g. strategy.run(replica_fn, args=(next(iterator),))
     'end'
     """
 
-    def __init__(self, producer: Iterator, buffer_size: int, element_spec: Any) -> None:
+    def __init__(
+        self, producer: Iterator, buffer_size: int, element_spec: Any, defer_errors: bool = True
+    ) -> None:
         self._element_spec = element_spec
         self._producer: Iterator | None = producer
         self._ahead = buffer_size
+        self._defer = defer_errors
         self._buffer: collections.deque = collections.deque()
 
     def __iter__(self) -> DistributedIterator:
@@ -152,6 +156,8 @@ e.g. strategy.run(replica_fn, args=(next(iterator),))
                 buffer.append((False, None))
             except Exception as e:
                 self._producer = None
+                if not self._defer:  # across workers: the others wait for this one now
+                    raise
                 buffer.append((False, e))
         ok, value = buffer[0]
         if ok:
@@ -220,15 +226,19 @@ class DistributedDataset:
         buffer_size: int,
         cardinality: int = UNKNOWN,
         steps: int | None = None,
+        defer_errors: bool = True,
     ) -> None:
         self._open_producer = open_producer
+        self._defer = defer_errors
         self._element_spec = element_spec
         self._buffer_size = buffer_size
         self._cardinality = np.int64(cardinality)
         self._steps = cardinality if steps is None else steps
 
     def __iter__(self) -> DistributedIterator:
-        return DistributedIterator(self._open_producer(), self._buffer_size, self._element_spec)
+        return DistributedIterator(
+            self._open_producer(), self._buffer_size, self._element_spec, self._defer
+        )
 
     def __len__(self) -> int:
         n = int(self._steps)

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from jaxdist._devices import Replicas
-from jaxdist._reduce import all_rows
+from jaxdist._distributed import exchange
 from jaxdist._values import from_padded, from_parts, from_shaped, from_stacked
 
 EMPTY = object()
@@ -302,11 +302,17 @@ class Placer:
 
     # distribute_datasets_from_function: one element per local replica -------------
 
-    def _columns(self, elements: list, what: str, batched: bool) -> tuple[list[list], Any]:
-        """Per-leaf lists of the local replicas' leaves (None: exhausted, gets 0 rows)."""
+    def _columns(
+        self, elements: list, what: str, batched: bool, spec: Any = None
+    ) -> tuple[list[list], Any]:
+        """Per-leaf lists of the local replicas' leaves (None: exhausted, gets 0 rows shaped
+        as the first element, or as ``spec`` when no local replica has one)."""
         leaves_of = host_leaves if batched else element_leaves
-        template = next(e for e in elements if e is not None)
-        t_leaves, treedef = leaves_of(template, what)
+        template = next((e for e in elements if e is not None), None)
+        if template is None:
+            t_leaves, treedef = jax.tree.flatten(spec)
+        else:
+            t_leaves, treedef = leaves_of(template, what)
         columns: list[list] = [[] for _ in t_leaves]
         for r, element in zip(self.local, elements):
             if element is None:
@@ -322,35 +328,52 @@ class Placer:
                 c.append(x)
         return columns, treedef
 
-    def combine(self, elements: list, what: str, batched: bool = True) -> Any:
+    def combine(
+        self,
+        elements: list,
+        what: str,
+        batched: bool = True,
+        lengths: Sequence[int] | None = None,
+        spec: Any = None,
+    ) -> Any:
         """One element per local replica as one step: batches (None: exhausted, gets empty
-        arrays; different batch sizes are padded) or whole unbatched elements."""
-        columns, treedef = self._columns(elements, what, batched)
+        arrays; different batch sizes are padded) or whole unbatched elements.
+
+        ``lengths``: every replica's number of rows, when the workers have exchanged them
+        (see `jaxdist._input_steps`); ``spec``: the element spec, for a worker none of whose
+        replicas has an element.
+        """
+        columns, treedef = self._columns(elements, what, batched, spec)
         if self.n == 1:
             return jax.tree.unflatten(treedef, self._put_whole([c[0] for c in columns]))
-        return jax.tree.unflatten(treedef, [self._place_column(c, batched) for c in columns])
+        placed = [self._place_column(c, batched, lengths) for c in columns]
+        return jax.tree.unflatten(treedef, placed)
 
-    def _place_column(self, c: list, batched: bool) -> Any:
+    def _place_column(self, c: list, batched: bool, lengths: Sequence[int] | None) -> Any:
         if not self.on_device or _is_host_only(c[0]):
             return self._put_parts([c])[0]
-        if len({(x.shape, x.dtype) for x in c}) == 1:
+        if lengths is None and len({(x.shape, x.dtype) for x in c}) == 1:
             return from_stacked(self._stack(c))
         if batched and len({(x.shape[1:], x.dtype) for x in c}) == 1:  # only batch sizes differ
-            lengths = self._global_lengths([len(x) for x in c])
+            lengths = lengths or self.exchange([len(x) for x in c], "the batch sizes of a step")
             size = max(lengths)
+            if min(lengths) == size:
+                return from_stacked(self._stack(c))
             rows = [
                 np.concatenate([x, np.zeros((size - len(x), *x.shape[1:]), x.dtype)]) for x in c
             ]
             return from_padded(self._stack(rows), lengths)
         return self._put_parts([c])[0]
 
-    def _global_lengths(self, local_lengths: list) -> list:
-        """Every replica's length: this process knows its own replicas'; across workers, one
-        all-gather of the lengths (every worker places the same step, so all take part)."""
+    def exchange(self, local: Sequence[int], purpose: str, steps: int = 1) -> list[int]:
+        """``steps`` ints per local replica (step by step) -> every replica's, step by step
+        and in replica order: across workers one exchange on the hosts (every worker must
+        call it at the same point of its program)."""
         if not self.multi_process:
-            return local_lengths
-        mine = from_stacked(self._stack([np.asarray(k, np.int32) for k in local_lengths]))
-        return [int(k) for k in np.asarray(all_rows(self.replicas, mine))]
+            return [int(k) for k in local]
+        keys = [i * self.n + r for i in range(steps) for r in self.local]
+        every = exchange(dict(zip(keys, (int(k) for k in local))), purpose)
+        return [every[k] for k in range(steps * self.n)]
 
     def _stack(self, column: list) -> jax.Array:
         shape = (self.n, *column[0].shape)

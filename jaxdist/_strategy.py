@@ -240,7 +240,9 @@ class Strategy:
         takes the next element (batched or not). ``PER_REPLICA``: called once per
         replica; replica r reads its own dataset. Unbatched elements (scalars)
         go whole to each replica; a last step that cannot give every replica
-        one is dropped, as TF's eager iteration does. See
+        one is dropped, as TF's eager iteration does. Across workers, a worker
+        whose batches ran out gets empty ones while any worker has data, and
+        the loop ends on every worker together (as TF). See
         `jaxdist._input.distribute_datasets_from_function`.
 
         >>> import numpy as np, jaxdist as jd

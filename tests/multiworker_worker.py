@@ -313,7 +313,100 @@ def ragged_fn(s, jd, timeout):
     return out
 
 
+def uneven(s, jd, timeout):
+    """Issue 19: the workers' datasets end at different steps (TF's ``mwms*.uneven_dsfn``:
+    worker 0 has 3 batches of 2 rows, worker 1 one), through every way of iterating; and
+    ``experimental_distribute_dataset`` over generators (unknown length) of 3 and 2 global
+    batches of 4 rows."""
+    import jax
+    import jax.numpy as jnp
+
+    def dataset_fn(ctx):
+        n = 6 if ctx.input_pipeline_id == 0 else 2
+        return [np.arange(i, i + 2) for i in range(0, n, 2)]
+
+    def step(x):
+        total = jd.get_replica_context().all_reduce("SUM", jnp.sum(x.astype(jnp.float32)))
+        return total, jnp.int32(x.shape[0])
+
+    jitted = jax.jit(lambda x: s.run(step, args=(x,)))
+    local = s.experimental_local_results
+
+    def record(x):
+        xf = s.run(lambda x: x.astype(jnp.float32), args=(x,))
+        total, rows = s.run(step, args=(x,))
+        return {
+            "local_x": [np.asarray(v).tolist() for v in local(x)],
+            "all_reduce": [float(v) for v in local(total)],
+            "jit_all_reduce": [float(v) for v in local(jitted(x)[0])],
+            "mean_axis0": float(s.reduce("MEAN", xf, axis=0)),
+            "sum_axis0": float(s.reduce("SUM", xf, axis=0)),
+            "rows": int(s.reduce("SUM", rows, axis=None)),
+            "gather": s.gather(xf, axis=0).tolist(),
+        }
+
+    def rows_of(x):
+        return [np.asarray(v).tolist() for v in local(x)]
+
+    dist = s.distribute_datasets_from_function(dataset_fn)
+    out = {"for": [record(x) for x in dist], "again": [rows_of(x) for x in dist]}
+    it = iter(dist)
+    out["next"] = [rows_of(next(it)) for _ in range(len(out["for"]))]
+    out["next_end"] = next(it, "end")
+    it = iter(dist)
+    out["get_next"] = []
+    try:
+        while True:
+            out["get_next"].append(rows_of(it.get_next()))
+    except jd.errors.OutOfRangeError:
+        out["get_next"].append("OutOfRangeError")
+    it, out["optional"] = iter(dist), []
+    while (opt := it.get_next_as_optional()).has_value():
+        out["optional"].append(rows_of(opt.get_value()))
+    unknown = s.distribute_datasets_from_function(lambda c: lambda: iter(dataset_fn(c)))
+    out["generator"] = [record(x) for x in unknown]
+    batches = 3 if s.cluster_resolver.task_id == 0 else 2
+
+    def generate():
+        yield from (np.arange(4 * i, 4 * i + 4) for i in range(batches))
+
+    out["dataset"] = [record(x) for x in s.experimental_distribute_dataset(generate)]
+
+    def mixed_fn(ctx):  # as many batches on each worker, of sizes that differ between them
+        return [np.arange(3), np.arange(3 if ctx.input_pipeline_id == 0 else 1)]
+
+    out["mixed"] = [record(x) for x in s.distribute_datasets_from_function(mixed_fn)]
+    return out
+
+
+def empty_worker(s, jd, timeout):
+    """Worker 1's dataset function gives no batch at all; worker 0's gives two."""
+    import jax.numpy as jnp
+
+    def dataset_fn(ctx):
+        return [np.ones(2, np.float32)] * (2 if ctx.input_pipeline_id == 0 else 0)
+
+    total = 0.0
+    for x in s.distribute_datasets_from_function(dataset_fn):
+        total += float(s.reduce("SUM", s.run(jnp.sum, args=(x,)), axis=None))
+    return {"total": total}
+
+
+def skip_input(s, jd, timeout):
+    """Worker 0 iterates a generator's distributed dataset; worker 1 never does."""
+
+    def generate():
+        yield from [np.ones(4, np.float32)] * 3
+
+    if s.cluster_resolver.task_id == 1:
+        return {"skipped": True}
+    return {"steps": len(list(s.experimental_distribute_dataset(generate)))}
+
+
 SCENARIOS = {
+    "skip_input": skip_input,
+    "empty_worker": empty_worker,
+    "uneven": uneven,
     "no_fetch": no_fetch,
     "ragged": ragged,
     "ragged_fn": ragged_fn,

@@ -257,6 +257,80 @@ def test_batches_of_different_sizes_from_a_dataset_function_across_workers():
         assert step["gather"] == every
 
 
+def _tf_uneven(devices: int, worker: int) -> list:
+    """TF's steps for `uneven_dsfn` (worker 0: 3 batches of 2 rows, worker 1: 1)."""
+    prefix = "mwms" if devices == 1 else "mwms_2x2"  # mwms_2x2: 2 local replicas per worker
+    path = Path(__file__).with_name("tf_oracle") / "answers.json"
+    steps = json.loads(path.read_text())[f"{prefix}.uneven_dsfn.worker{worker}"]["result"]
+    assert steps[-1] == "StopIteration"
+    return [
+        {
+            "local_x": [v["value"] for v in step["local_x"]["items"]],
+            "all_reduce": [v["value"] for v in step["run_all_reduce_sum_of_sum"]["items"]],
+            "mean_axis0": step["reduce_MEAN_axis0"]["value"],
+            "sum_axis0": step["reduce_SUM_axis0"]["value"],
+            "rows": step["reduce_SUM_of_run_shape0"]["value"],
+            "gather": step["gather_axis0"]["value"],
+        }
+        for step in steps[:-1]
+    ]
+
+
+def _same_step(ours: dict, tf: dict) -> None:
+    assert ours["local_x"] == tf["local_x"]
+    assert ours["all_reduce"] == ours["jit_all_reduce"] == tf["all_reduce"]
+    assert ours["mean_axis0"] == pytest.approx(tf["mean_axis0"])
+    assert ours["sum_axis0"] == pytest.approx(tf["sum_axis0"])
+    assert ours["rows"] == tf["rows"] and ours["gather"] == tf["gather"]
+
+
+@pytest.mark.parametrize("devices", [1, 2], ids=["2x1", "2x2"])
+def test_workers_whose_datasets_end_at_different_steps_give_tfs_answers(devices):
+    """Issue 19: the worker whose data ran out gets empty batches until every worker is
+    done; the loop ends on every worker together, with TF's values at every step
+    (eagerly and inside jax.jit), whatever the way of iterating or the source's length."""
+    results = _results(_run_all({"worker": 2}, "uneven", devices=devices))
+    for w in (0, 1):
+        r, tf = results[("worker", w)], _tf_uneven(devices, w)
+        assert len(r["for"]) == len(r["generator"]) == len(tf) == (3 if devices == 1 else 2)
+        for ours, theirs in zip(r["for"] + r["generator"], tf + tf):
+            _same_step(ours, theirs)
+        rows = [step["local_x"] for step in tf]
+        assert r["again"] == r["next"] == r["optional"] == rows and r["next_end"] == "end"
+        assert r["get_next"] == rows + ["OutOfRangeError"]
+    # experimental_distribute_dataset over generators of 3 (worker 0) and 2 (worker 1)
+    # global batches of 4 rows: TF's split, and worker 1's replicas get 0 rows in step 3.
+    per = 4 // (2 * devices)
+    for w in (0, 1):
+        steps = results[("worker", w)]["dataset"]
+        for i, step in enumerate(steps):
+            mine = range(w * devices, (w + 1) * devices)
+            rows = [list(range(4 * i + r * per, 4 * i + (r + 1) * per)) for r in mine]
+            assert step["local_x"] == ([[]] * devices if (w, i) == (1, 2) else rows)
+        assert [s["gather"] for s in steps] == [
+            [0.0, 1.0, 2.0, 3.0],
+            [4.0, 5.0, 6.0, 7.0],
+            [8.0, 9.0],
+        ]
+        assert [s["all_reduce"] for s in steps] == [[x] * devices for x in (6.0, 22.0, 17.0)]
+        assert [s["jit_all_reduce"] for s in steps] == [s["all_reduce"] for s in steps]
+        assert [s["mean_axis0"] for s in steps] == [1.5, 5.5, 8.5]
+        assert [s["rows"] for s in steps] == [4, 4, 2]
+    # as many batches on each worker, but worker 1's second has 1 row, worker 0's 3
+    sizes = {0: [3, 3], 1: [3, 1]}
+    for w in (0, 1):
+        steps = results[("worker", w)]["mixed"]
+        assert len(steps) == 2 // devices
+        for k, step in enumerate(steps):
+            each = [n for v in (0, 1) for n in sizes[v][k * devices : (k + 1) * devices]]
+            assert step["gather"] == [float(i) for n in each for i in range(n)]
+            assert step["all_reduce"] == [float(sum(sum(range(n)) for n in each))] * devices
+            assert step["rows"] == sum(each)
+            assert step["local_x"] == [
+                list(range(n)) for n in sizes[w][k * devices : (k + 1) * devices]
+            ]
+
+
 @pytest.mark.parametrize("devices", [2, 4], ids=["2x2", "2x4"])
 def test_the_tutorials_run_and_reduce_pattern_finishes(devices):
     """Issue 13: run + three metric reduces per step without host syncs hung every time."""
@@ -390,6 +464,29 @@ def test_a_worker_that_runs_one_step_fewer_ends_every_worker_naming_it():
         assert rc != 0, (task, rc)
     assert elapsed < FAULT_TIMEOUT_S + FAULT_MARGIN_S + SLACK_S, elapsed
     print(f"uneven step counts reported on every worker after {elapsed:.1f}s")
+
+
+def test_a_worker_whose_dataset_is_empty_from_the_start_ends_every_worker_naming_it():
+    outs, elapsed = _run_timed("empty_worker")
+    for task, (rc, stdout, stderr) in outs.items():
+        assert rc != 0 and "RESULT" not in stdout, (task, rc, stderr[-3000:])
+        last = _last_line(stderr)
+        assert "worker:1 failed with ValueError: This worker's input is empty" in last, last
+    assert elapsed < FAULT_TIMEOUT_S + FAULT_MARGIN_S + SLACK_S, elapsed
+
+
+def test_a_worker_that_skips_a_distributed_dataset_ends_every_worker_naming_the_exchange():
+    """Worker 0 waits in the exchange of an epoch's start; worker 1 ended its program. Which
+    timeout fires first (worker 0's exchange, worker 1's shutdown barrier) is a race: either
+    way every worker's last line names worker 1 and what it did not do."""
+    outs, elapsed = _run_timed("skip_input")
+    for task, (rc, _, stderr) in outs.items():
+        last = _last_line(stderr)
+        assert rc == 75 and last.startswith("jaxdist: task"), (task, rc, stderr[-3000:])
+        exchange = "exchange #1 across workers" in last and "worker:1 did not come" in last
+        barrier = "task worker:1 finished its program" in last
+        assert exchange or barrier, last
+    assert elapsed < FAULT_TIMEOUT_S + FAULT_MARGIN_S + SLACK_S, elapsed
 
 
 def test_fetch_to_device_false_keeps_each_workers_values_on_its_host():
