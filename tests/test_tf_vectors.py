@@ -112,15 +112,3 @@ def test_collective_gradients_on_a_partial_batch_match_tf(jitted):
     assert run(gather_grad, [[1.0], [2.0], [3.0]]) == gathered == [4.0, 16.0, 36.0, 0.0]
 
 
-def test_values_of_different_non_batch_shapes_in_a_jitted_run_match_tf():
-    s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    options = jd.InputOptions(experimental_replication_mode=jd.InputReplicationMode.PER_REPLICA)
-
-    def dataset_fn(ctx):
-        k = 2 + ctx.input_pipeline_id
-        return [np.tile(np.arange(1, k + 1, dtype=np.float32), (2, 1))]
-
-    x = next(iter(s.distribute_datasets_from_function(dataset_fn, options)))
-    out = jax.jit(lambda x: s.run(jnp.mean, args=(x,)))(x)
-    want = _tf_values(ANSWERS["ragged.dataset_fn_non_batch_shapes_tf_function_2r"]["result"])
-    assert [float(v) for v in s.experimental_local_results(out)] == want == [1.5, 2.0]
