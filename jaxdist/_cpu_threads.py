@@ -51,14 +51,27 @@ def _simulated_devices() -> int:
     return n
 
 
+_MARK = "JAXDIST_PJRT_NPROC"  # the value jaxdist set, seen by child processes
+
+
 def configure() -> None:
-    """Sets ``PJRT_NPROC`` to twice the simulated CPU devices if it can (see module doc)."""
-    if os.environ.get("JAXDIST_CPU_THREADS") == "0" or "PJRT_NPROC" in os.environ:
+    """Sets ``PJRT_NPROC`` to twice the simulated CPU devices if it can (see module doc).
+
+    A value that a parent process's jaxdist set (inherited with the environment, e.g. by
+    workers launched from a process with more devices) is sized again for this process.
+    """
+    current = os.environ.get("PJRT_NPROC")
+    inherited = current is not None and current == os.environ.get(_MARK)
+    if os.environ.get("JAXDIST_CPU_THREADS") == "0" or (current is not None and not inherited):
+        return
+    if _backend_started():
         return
     n = _simulated_devices()
-    if n < 2 or 2 * n <= (os.cpu_count() or 1) or _backend_started():
+    if n < 2 or 2 * n <= (os.cpu_count() or 1):
+        if inherited:  # XLA's default suits this process
+            del os.environ["PJRT_NPROC"], os.environ[_MARK]
         return
-    os.environ["PJRT_NPROC"] = str(2 * n)
+    os.environ["PJRT_NPROC"] = os.environ[_MARK] = str(2 * n)
     _state["set_by"] = "jaxdist"
 
 

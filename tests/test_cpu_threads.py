@@ -34,6 +34,7 @@ print("TOTAL", float(tot), 2000 * per_batch, jd.experimental.cpu_threads())
 def _run(code, devices, **env):
     full = dict(os.environ)
     full.pop("PJRT_NPROC", None)
+    full.pop("JAXDIST_PJRT_NPROC", None)
     full.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
     full.update(env)
     return subprocess.run(
@@ -85,3 +86,12 @@ def test_this_suite_runs_with_a_sized_pool():
     if os.environ.get("PJRT_NPROC") and not info["set_by_jaxdist"]:
         pytest.skip("PJRT_NPROC set by the environment")
     assert info == {"threads": 16, "set_by_jaxdist": True, "backend_started": True}
+
+
+@pytest.mark.parametrize("devices, want", [(2, "'threads': 4"), (1, "'threads': None")])
+def test_a_value_inherited_from_a_parent_jaxdist_is_sized_again(devices, want):
+    """Workers launched from a process where jaxdist sized the pool for 8 devices."""
+    code = "import jaxdist as jd; jd.MirroredStrategy(); print(jd.experimental.cpu_threads())"
+    p = _run(code, devices, PJRT_NPROC="16", JAXDIST_PJRT_NPROC="16")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert want in p.stdout
