@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-tf conformance clean
+.PHONY: demo test lint bench bench-tf conformance docs docs-serve wheel-smoke clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,5 +41,25 @@ bench-tf: $(STAMP)
 conformance: $(STAMP)
 	$(PY) ../shared/conformance/run_jaxdist.py .
 
+# The docs site (docs/, mkdocs.yml) into site/, warnings as errors. Installs the `docs` extra into
+# the same .venv; the notebooks are rendered as they are stored (tests/test_notebooks.py runs them).
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(PY) -m mkdocs build --strict --site-dir site
+
+docs-serve: $(DOCS_STAMP)
+	$(PY) -m mkdocs serve
+
+# Builds the sdist and wheel, installs the wheel into a fresh venv and runs tests/wheel_smoke.py
+# against it (outside the source tree). jax, jaxlib and numpy are pinned to the dev venv's versions,
+# so pip takes them from its cache instead of downloading them again.
+wheel-smoke: $(STAMP)
+	bash tests/wheel_smoke.sh $(PY)
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist site *.egg-info

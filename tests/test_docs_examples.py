@@ -1,0 +1,78 @@
+"""Every ```python block of the docs' pages runs, as the README's do (tests/test_readme.py).
+
+The blocks of one page run in order in one fresh interpreter (a reader copies them one after
+the other), on 8 simulated CPU devices, from a scratch directory; a page's blocks assert what
+their text claims. Blocks that are not Python for this interpreter (```bash, ```text) are not
+run. The API pages are generated from the docstrings, whose examples tests/test_doctests.py runs.
+"""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PAGES = sorted(p for p in DOCS.rglob("*.md") if "api" not in p.relative_to(DOCS).parts)
+FENCE = re.compile(r"^( *)```python[^\n]*\n(.*?)^\1```", re.S | re.M)
+
+
+def python_blocks(page: pathlib.Path) -> list[str]:
+    return [code for indent, code in FENCE.findall(page.read_text())]
+
+
+def test_the_examples_are_found():
+    with_examples = {p.relative_to(DOCS).as_posix() for p in PAGES if python_blocks(p)}
+    assert {
+        "getting-started.md",
+        "guides/training-loops.md",
+        "guides/state.md",
+        "guides/input.md",
+        "guides/keras.md",
+        "guides/checkpointing.md",
+        "guides/cross-device-ops.md",
+        "guides/testing.md",
+        "guides/multi-worker.md",
+        "migrating.md",
+    } <= with_examples, with_examples
+
+
+def test_every_python_fence_is_collected():
+    """A ```python fence the pattern above misses (say, inside an admonition, indented) would
+    never run: every fence opening must be one that FENCE matches."""
+    for page in PAGES:
+        text = page.read_text()
+        openings = len(re.findall(r"^ *```python", text, re.M))
+        assert openings == len(python_blocks(page)), page
+
+
+@pytest.mark.parametrize(
+    "page",
+    [p for p in PAGES if python_blocks(p)],
+    ids=lambda p: p.relative_to(DOCS).as_posix(),
+)
+def test_page_examples_run(page, tmp_path):
+    code = "\n".join(python_blocks(page))
+    if re.search(r"^\s*import keras", code, re.M):
+        pytest.importorskip("keras")
+    if "orbax" in code:
+        pytest.importorskip("orbax.checkpoint")
+    env = dict(os.environ)
+    env.update(
+        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        KERAS_BACKEND="jax",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+    )
+    env.pop("TF_CONFIG", None)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert out.returncode == 0, f"{page.name}:\n{out.stderr[-3000:]}"
