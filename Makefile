@@ -50,10 +50,10 @@ $(DOCS_STAMP): pyproject.toml
 	touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)
-	$(PY) -m mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 docs-serve: $(DOCS_STAMP)
-	$(PY) -m mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
 
 # Builds the sdist and wheel, installs the wheel into a fresh venv and runs tests/wheel_smoke.py
 # against it (outside the source tree). jax, jaxlib and numpy are pinned to the dev venv's versions,

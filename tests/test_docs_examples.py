@@ -2,8 +2,8 @@
 
 The blocks of one page run in order in one fresh interpreter (a reader copies them one after
 the other), on 8 simulated CPU devices, from a scratch directory; a page's blocks assert what
-their text claims. Blocks that are not Python for this interpreter (```bash, ```text) are not
-run. The API pages are generated from the docstrings, whose examples tests/test_doctests.py runs.
+their text claims. Blocks that are not Python for this interpreter are fenced otherwise and not
+run: shell (```bash) and TensorFlow code shown for comparison (```py: TF is never a dependency). The API pages are generated from the docstrings, whose examples tests/test_doctests.py runs.
 """
 
 import importlib.util
