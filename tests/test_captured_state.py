@@ -247,7 +247,7 @@ def test_inside_jax_jit_closures_are_constants_as_in_jax(strategy):
 
     assert first(strategy, f()) == 1.0
     box["w"] = jnp.float32(2.0)
-    assert first(strategy, f()) == 1.0  # jax.jit's cache: documented in the README
+    assert first(strategy, f()) == 1.0  # jax.jit's cache: documented in docs/guides/state.md
 
 
 def test_unchanged_captured_array_is_not_copied_again(strategy):

@@ -277,7 +277,7 @@ def test_steps_per_execution_gives_the_same_answers(n):
 
 
 def custom_loop(strategy, jit):
-    """The README recipe: Keras' stateless API per replica through strategy.run."""
+    """The docs' recipe (docs/guides/keras.md): Keras' stateless API per replica through strategy.run."""
     import jax
 
     with strategy.scope():

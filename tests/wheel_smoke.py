@@ -46,4 +46,6 @@ total = strategy.reduce(jd.ReduceOp.SUM, out, axis=None)
 np.testing.assert_allclose(np.asarray(total), [5.0, 9.0])
 mean = strategy.reduce("MEAN", out, axis=0)  # over the 4 rows: (2 + 4 + 3 + 5) / 4
 np.testing.assert_allclose(float(mean), 3.5)
-print(f"wheel smoke OK: jaxdist {jd.__version__} from {here.parent}, python {sys.version.split()[0]}")
+print(
+    f"wheel smoke OK: jaxdist {jd.__version__} from {here.parent}, python {sys.version.split()[0]}"
+)
