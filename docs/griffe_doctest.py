@@ -12,17 +12,10 @@ import griffe
 
 
 def fence_doctests(text: str) -> str:
-    """Wraps every run of doctest lines (a `>>>` line up to the next blank line) in a fence.
+    r"""Wraps every run of doctest lines (a `>>>` line up to the next blank line) in a fence.
 
-    >>> print(fence_doctests("Text.\\n\\n>>> 1 + 1\\n2\\n\\nMore."))
-    Text.
-    <BLANKLINE>
-    ```pycon
-    >>> 1 + 1
-    2
-    ```
-    <BLANKLINE>
-    More.
+    >>> fence_doctests("Text.\n\n>>> 1 + 1\n2\n\nMore.").splitlines()
+    ['Text.', '', '```pycon', '>>> 1 + 1', '2', '```', '', 'More.']
     """
     out: list[str] = []
     in_example = in_fence = False

@@ -16,8 +16,12 @@ WHEEL=$(ls dist/jaxdist-*.whl)
 SDIST=$(ls dist/jaxdist-*.tar.gz)
 echo "built $SDIST and $WHEEL"
 # The sdist carries what a rebuild needs (LICENSE included).
-tar -tzf "$SDIST" | grep -q '/LICENSE$' || { echo "LICENSE missing from $SDIST"; exit 1; }
-unzip -l "$WHEEL" | grep -q 'jaxdist/py.typed' || { echo "py.typed missing from $WHEEL"; exit 1; }
+# (listings go to files first: `grep -q` closing a pipe early fails the pipeline under pipefail)
+tar -tzf "$SDIST" >"$TMP/sdist.txt"
+grep -q '/LICENSE$' "$TMP/sdist.txt" || { echo "LICENSE missing from $SDIST"; exit 1; }
+"$DEV_PY" -m zipfile -l "$WHEEL" >"$TMP/wheel.txt"
+grep -q 'jaxdist/py.typed' "$TMP/wheel.txt" || { echo "py.typed missing from $WHEEL"; exit 1; }
+grep -q 'licenses/LICENSE' "$TMP/wheel.txt" || { echo "LICENSE missing from $WHEEL"; exit 1; }
 
 "$DEV_PY" -m pip freeze --exclude-editable \
     | grep -iE '^(jax|jaxlib|numpy|ml[-_]dtypes|opt[-_]einsum|scipy)==' >"$TMP/constraints.txt" || true
