@@ -6,6 +6,7 @@ their text claims. Blocks that are not Python for this interpreter are fenced ot
 run: shell (```bash) and TensorFlow code shown for comparison (```py: TF is never a dependency). The API pages are generated from the docstrings, whose examples tests/test_doctests.py runs.
 """
 
+import doctest
 import importlib.util
 import os
 import pathlib
@@ -76,3 +77,13 @@ def test_page_examples_run(page, tmp_path):
         env=env,
     )
     assert out.returncode == 0, f"{page.name}:\n{out.stderr[-3000:]}"
+
+
+def test_the_api_pages_doctest_fence():
+    """docs/griffe_doctest.py (the API pages' `>>>` fences) does what its example says."""
+    pytest.importorskip("griffe")  # the docs extra
+    spec = importlib.util.spec_from_file_location("griffe_doctest", DOCS / "griffe_doctest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert doctest.testmod(module).attempted > 0
+    assert doctest.testmod(module).failed == 0
