@@ -4,6 +4,7 @@
 import pathlib
 import pickle
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -137,3 +138,19 @@ def test_element_specs_print_alike_on_every_jax(strategy):
     assert all(
         ds.element_spec.is_compatible_with(b) for b in ds
     )  # every batch, the partial last one included
+
+
+def test_numpy_2_array_protocol_without_deprecation_warnings():
+    """`__array__` takes numpy 2's ``dtype`` and ``copy``: no DeprecationWarning from jaxdist."""
+    m = jd.Mirrored((jnp.arange(3.0), jnp.arange(3.0)))
+    p = jd.PerReplica((jnp.ones(2), jnp.zeros(2)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.asarray(m).tolist() == [0.0, 1.0, 2.0]
+        assert np.asarray(m, dtype=np.int32).dtype == np.int32
+        copied = np.array(m, copy=True)
+        copied[0] = 7.0
+        assert np.asarray(m)[0] == 0.0  # a copy, not a view of the replica's buffer
+        for convert in (np.asarray, np.array, lambda v: np.array(v, copy=True)):
+            with pytest.raises(TypeError, match="holds a different value on each replica"):
+                convert(p)
