@@ -16,11 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import dev_import
 
-nbformat = dev_import("nbformat")
-nbclient = dev_import("nbclient")
-dev_import("ipykernel")
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
