@@ -228,26 +228,3 @@ def test_the_eager_partial_batch_program_compiles_with_quick_options(monkeypatch
     again = s.run(lambda x: grad_step(x) * 1.0, args=(x,))
     for a, b in zip(local(s, again), local(s, default)):
         np.testing.assert_allclose(a, b, rtol=1e-6)
-
-
-@pytest.mark.parametrize("n", PARTIAL)
-@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jitted"])
-def test_all_gather_of_shapes_differing_off_the_axis_is_a_value_error(n, jitted):
-    """TF: InvalidArgumentError; jaxdist: a ValueError naming the axis and every replica's
-    shape, eager and jitted, for a partial batch gathered along axis 1 and for per-replica
-    values whose trailing dimension differs."""
-    s = jd.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
-    _, x = partial_batch(s)  # [2, ..., 2, 1] rows of 3
-    gather1 = lambda v: jd.get_replica_context().all_gather(v, axis=1)  # noqa: E731
-    wide = jd.PerReplica(tuple(jnp.ones((2, 3 + (i == n - 1))) for i in range(n)))
-    gather0 = lambda v: jd.get_replica_context().all_gather(v, axis=0)  # noqa: E731
-    last = f"replica {n - 1}: "
-    for fn, value, axis, shape in [(gather1, x, 1, "(1, 3)"), (gather0, wide, 0, "(2, 4)")]:
-        call = lambda v, fn=fn: s.run(fn, args=(v,))  # noqa: E731
-        with pytest.raises(ValueError) as e:
-            (jax.jit(call) if jitted else call)(value)
-        assert f"all_gather(value, axis={axis})" in str(e.value)
-        assert f"except along axis {axis}" in str(e.value) and last + shape in str(e.value)
-    ok = s.run(gather0, args=(x,))  # the same partial batch along axis 0: TF's answer
-    rows = 2 * n - 1
-    assert s.experimental_local_results(ok)[0].shape == (rows, 3)
