@@ -18,7 +18,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check jaxdist tests benchmarks examples
 	$(PY) -m mypy jaxdist
-	$(PY) -m pytest -q
+	JAXDIST_REQUIRE_DEV=1 $(PY) -m pytest -q
 
 lint: $(STAMP)
 	$(PY) -m ruff check jaxdist tests benchmarks examples
