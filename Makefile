@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-tf conformance clean
+.PHONY: demo test sweep lint bench bench-tf conformance clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,14 @@ test: $(STAMP)
 	$(PY) -m ruff check jaxdist tests benchmarks examples
 	$(PY) -m mypy jaxdist
 	JAXDIST_REQUIRE_DEV=1 $(PY) -m pytest -q
+
+# The property-based sweep (tests/test_sweep_*.py) with thousands of random draws instead of CI's
+# dozen derandomized ones: run it before a change to the split, the Keras steps or the
+# partial-batch machinery lands. SWEEP_EXAMPLES draws per custom-loop test (Keras: a tenth).
+SWEEP_EXAMPLES ?= 2000
+sweep: $(STAMP)
+	JAXDIST_SWEEP=1 JAXDIST_SWEEP_EXAMPLES=$(SWEEP_EXAMPLES) JAXDIST_REQUIRE_DEV=1 \
+		$(PY) -m pytest -q tests/test_sweep_split.py tests/test_sweep_keras.py tests/test_sweep_multiworker.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check jaxdist tests benchmarks examples

@@ -15,6 +15,32 @@ import jaxdist as jd  # noqa: E402
 
 REPLICAS = (1, 2, 4, 8)
 
+try:  # the sweep's profiles (tests/test_sweep_*.py); hypothesis is in the dev extra
+    from hypothesis import HealthCheck, settings
+except ImportError:  # the sweep modules fail or skip on their own (`require`)
+    pass
+else:
+    _SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large]
+    # CI: the same draws every run (derandomize), few of them, no deadline (jit compiles)
+    settings.register_profile(
+        "ci",
+        derandomize=True,
+        max_examples=12,
+        deadline=None,
+        database=None,
+        suppress_health_check=_SLOW,
+        print_blob=True,
+    )
+    # make sweep: JAXDIST_SWEEP=1 (JAXDIST_SWEEP_EXAMPLES draws per test, default 2000)
+    settings.register_profile(
+        "sweep",
+        max_examples=int(os.environ.get("JAXDIST_SWEEP_EXAMPLES", "2000")),
+        deadline=None,
+        suppress_health_check=_SLOW,
+        print_blob=True,
+    )
+    settings.load_profile("sweep" if os.environ.get("JAXDIST_SWEEP") else "ci")
+
 
 def mirrored(n: int) -> jd.MirroredStrategy:
     return jd.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
