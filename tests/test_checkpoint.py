@@ -11,11 +11,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import REPLICAS, mirrored
+from conftest import REPLICAS, mirrored, require
 
 import jaxdist as jd
 
-ocp = pytest.importorskip("orbax.checkpoint")
+ocp = require("orbax.checkpoint")
 
 
 _RNG = np.random.default_rng(0)
