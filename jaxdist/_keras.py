@@ -38,7 +38,7 @@ import jax
 import keras
 from keras.src.trainers.data_adapters.data_adapter import DataAdapter
 
-from jaxdist import _context, _keras_steps, _keras_syncbn
+from jaxdist import _context, _distributed, _keras_steps, _keras_syncbn
 from jaxdist._input_iter import DistributedDataset
 
 SUPPORTED = ((3, 10), (3, 16))
@@ -207,6 +207,35 @@ def _install() -> None:
         name = f"{kind}_on_batch"
         _PATCHED[name] = original = getattr(keras.Model, name)
         setattr(keras.Model, name, _on_batch(original))
+    for name in ("save", "save_weights"):
+        _PATCHED[name] = original = getattr(keras.Model, name)
+        setattr(keras.Model, name, _saving(original, name))
+
+
+SAVE_RULE = (
+    "inside a MultiWorkerMirroredStrategy's scope every worker must call model.{name} (TF's "
+    "rule: the chief writes the real path, the others a temporary one), as reading the "
+    "variables there is a collective of all workers; or call it outside the scope, where the "
+    "chief alone can save"
+)
+
+
+def _saving(original: Any, name: str) -> Any:
+    """``model.save`` / ``save_weights``: inside a multi-worker scope, every worker first
+    meets the others on the hosts (`jaxdist._distributed.exchange`), so a call that only
+    some workers make ends every worker with the rule after ``timeout_seconds``, not with a
+    device collective's timeout."""
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        current = keras.distribution.distribution()
+        strategy = current.strategy_ref() if isinstance(current, StrategyDistribution) else None
+        if strategy is not None and strategy.extended.replicas.multi_process:
+            rule = SAVE_RULE.format(name=name)
+            _distributed.exchange({jax.process_index(): 1}, f"model.{name}", rule)
+        return original(self, *args, **kwargs)
+
+    method.__doc__ = original.__doc__
+    return method
 
 
 def _check_no_scope(model: Any, kind: str) -> None:

@@ -6,6 +6,10 @@ The program is TF's multi-worker Keras program: build and compile in the
 keeps its replicas' rows; the last batch is partial), `evaluate`, `predict`, for a dense model and
 one with batch norm; the chief saves the dense model as a ``.keras`` file. Prints
 ``RESULT <json>`` ({model: history, evaluate, weights, predict}).
+
+``python keras_multiworker_worker.py OUT_DIR save WHO TIMEOUT``: `save_in_scope` instead: a small
+model fit, then ``model.save`` inside the scope by ``WHO`` (``chief`` or ``all``: the others
+to a temporary path, TF's rule), with ``timeout_seconds=TIMEOUT``.
 """
 
 import json
@@ -58,7 +62,24 @@ def build_and_fit(strategy, name="dense"):
     return model, hist.history, ev
 
 
+def save_in_scope(out_dir, who, timeout):
+    options = jd.experimental.CommunicationOptions(timeout_seconds=timeout)
+    strategy = jd.MultiWorkerMirroredStrategy(communication_options=options)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        model.compile("sgd", "mse")
+    model.fit(np.ones((8, 4)), np.ones((8, 2)), batch_size=8, verbose=0)
+    chief = strategy.cluster_resolver.task_id == 0
+    with strategy.scope():
+        if chief or who == "all":
+            name = "model.keras" if chief else f"tmp_{strategy.cluster_resolver.task_id}.keras"
+            model.save(os.path.join(out_dir, name))
+    print("RESULT " + json.dumps({"weights": [w.tolist() for w in model.get_weights()]}))
+
+
 def main():
+    if len(sys.argv) > 2 and sys.argv[2] == "save":
+        return save_in_scope(sys.argv[1], sys.argv[3], float(sys.argv[4]))
     strategy = jd.MultiWorkerMirroredStrategy()
     out = {}
     for name in ("dense", "bn"):

@@ -1,0 +1,72 @@
+"""model.save inside a MultiWorkerMirroredStrategy's scope: every worker calls it (TF's rule);
+a chief-only call ends every worker with that rule, naming save, after timeout_seconds."""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+from conftest import require  # noqa: E402
+
+keras = require("keras")
+WORKER = pathlib.Path(__file__).with_name("keras_multiworker_worker.py")
+TIMEOUT_S = 6
+
+pytestmark = pytest.mark.multiworker
+
+
+def _port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run(tmp_path, who):
+    cluster = {"worker": [f"127.0.0.1:{_port()}", f"127.0.0.1:{_port()}"]}
+    procs = []
+    for i in range(2):
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+        env["JAX_PLATFORMS"] = "cpu"
+        env["PYTHONPATH"] = os.pathsep.join([str(WORKER.parents[1]), env.get("PYTHONPATH", "")])
+        args = [sys.executable, str(WORKER), str(tmp_path), "save", who, str(TIMEOUT_S)]
+        procs.append(
+            subprocess.Popen(
+                args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    outs = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out, err = p.communicate()
+        outs.append((p.returncode, out, err))
+    return outs
+
+
+def test_every_worker_saving_inside_the_scope_works(tmp_path):
+    outs = _run(tmp_path, "all")
+    for rc, _, err in outs:
+        assert rc == 0, err[-3000:]
+    line = next(x for x in outs[0][1].splitlines() if x.startswith("RESULT "))
+    want = json.loads(line[len("RESULT ") :])["weights"]
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    for got, w in zip(loaded.get_weights(), want, strict=True):
+        np.testing.assert_array_equal(got, np.asarray(w, np.float32))
+
+
+def test_a_chief_only_save_inside_the_scope_names_save_and_the_rule(tmp_path):
+    for rc, out, err in _run(tmp_path, "chief"):
+        assert rc != 0, out
+        assert "model.save" in err and "every worker must call model.save" in err, err[-3000:]
+        assert "outside the scope" in err, err[-3000:]
+    assert not (tmp_path / "model.keras").exists()
