@@ -1,4 +1,5 @@
-"""model.save inside a MultiWorkerMirroredStrategy's scope: every worker calls it (TF's rule);
+"""Keras inside a MultiWorkerMirroredStrategy's scope: fit (a last batch that leaves a worker
+with no row) against TF's rule in NumPy, and model.save, which every worker calls (TF's rule);
 a chief-only call ends every worker with that rule, naming save, after timeout_seconds."""
 
 import json
@@ -15,6 +16,8 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 from conftest import require  # noqa: E402
 
 keras = require("keras")
+from keras_multiworker_worker import save_data  # noqa: E402
+
 WORKER = pathlib.Path(__file__).with_name("keras_multiworker_worker.py")
 TIMEOUT_S = 6
 
@@ -53,15 +56,31 @@ def _run(tmp_path, who):
     return outs
 
 
+def by_hand():
+    """The workers' fit in NumPy, TF's rule on 4 replicas: a full batch of 8 (2 rows each: the
+    global mean gradient), then 1 row on replica 0 and none elsewhere (its mean-squared-error
+    gradient / 4; the empty replicas add nothing)."""
+    x, y, kernel = save_data()
+    w, b = kernel.astype(np.float64), np.zeros(2)
+    for rows, scale in ((slice(0, 8), 1.0), (slice(8, 9), 0.25)):
+        xb, err = x[rows].astype(np.float64), (x[rows] @ w + b) - y[rows]
+        w = w - 0.1 * scale * 2 * xb.T @ err / err.size
+        b = b - 0.1 * scale * 2 * err.sum(0) / err.size
+    return [w, b]
+
+
 def test_every_worker_saving_inside_the_scope_works(tmp_path):
     outs = _run(tmp_path, "all")
     for rc, _, err in outs:
         assert rc == 0, err[-3000:]
-    line = next(x for x in outs[0][1].splitlines() if x.startswith("RESULT "))
-    want = json.loads(line[len("RESULT ") :])["weights"]
+    want = by_hand()
+    for _, out, _ in outs:  # fit inside the scope, a worker with no row in the last batch
+        line = next(x for x in out.splitlines() if x.startswith("RESULT "))
+        for got, w in zip(json.loads(line[len("RESULT ") :])["weights"], want, strict=True):
+            np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
     loaded = keras.models.load_model(tmp_path / "model.keras")
     for got, w in zip(loaded.get_weights(), want, strict=True):
-        np.testing.assert_array_equal(got, np.asarray(w, np.float32))
+        np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
 
 
 def test_a_chief_only_save_inside_the_scope_names_save_and_the_rule(tmp_path):
