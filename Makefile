@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-latest lint bench bench-tf conformance docs docs-serve wheel-smoke clean
+.PHONY: demo test test-latest sweep lint bench bench-tf conformance docs docs-serve wheel-smoke clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,7 +18,15 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check jaxdist tests benchmarks examples
 	$(PY) -m mypy jaxdist
-	$(PY) -m pytest -q
+	JAXDIST_REQUIRE_DEV=1 $(PY) -m pytest -q
+
+# The property-based sweep (tests/test_sweep_*.py) with thousands of random draws instead of CI's
+# dozen derandomized ones: run it before a change to the split, the Keras steps or the
+# partial-batch machinery lands. SWEEP_EXAMPLES draws per custom-loop test (Keras: a tenth).
+SWEEP_EXAMPLES ?= 2000
+sweep: $(STAMP)
+	JAXDIST_SWEEP=1 JAXDIST_SWEEP_EXAMPLES=$(SWEEP_EXAMPLES) JAXDIST_REQUIRE_DEV=1 \
+		$(PY) -m pytest -q tests/test_sweep_split.py tests/test_sweep_keras.py tests/test_sweep_multiworker.py
 
 # The newest JAX (it needs Python 3.12+): a venv of its own, the newest jax installed FIRST,
 # then jaxdist with its extras; installing jaxdist must leave jax and jaxlib as they were.
@@ -44,7 +52,7 @@ $(LATEST_STAMP): pyproject.toml
 	touch $(LATEST_STAMP)
 
 test-latest: $(LATEST_STAMP)
-	$(LPY) -m pytest -q
+	JAXDIST_REQUIRE_DEV=1 $(LPY) -m pytest -q
 
 lint: $(STAMP)
 	$(PY) -m ruff check jaxdist tests benchmarks examples

@@ -236,12 +236,15 @@ def _check_same_device_counts(devices: list) -> None:
 EXCHANGE_KEY = "jaxdist/exchange"
 
 
-def exchange(local: dict[int, int], purpose: str) -> dict[int, int]:
+ORDER_RULE = "every worker must iterate its distributed datasets in the same order"
+
+
+def exchange(local: dict[int, int], purpose: str, rule: str = ORDER_RULE) -> dict[int, int]:
     """Every worker's ``{replica id: int}``, merged: an all-gather on the hosts through the
     coordination service (key-value store), not a device program, so it does not wait for
     the steps in flight. Every worker must call it at the same point of its program, for
     the same ``purpose``; a worker that does not come within ``timeout_seconds``, or comes
-    for another purpose, ends every worker, named."""
+    for another purpose, ends every worker, named, with ``rule`` (what every worker must do)."""
     client = coordination_client()
     if client is None:
         raise RuntimeError("exchange: this process has not joined a multi-worker cluster.")
@@ -252,13 +255,15 @@ def exchange(local: dict[int, int], purpose: str) -> dict[int, int]:
     merged = dict(local)
     for p in range(len(names)):
         if p != pid:
-            merged.update(_received(client, seq, p, purpose, timeout))
+            merged.update(_received(client, seq, p, purpose, timeout, rule))
     if seq > 2:  # every worker has read exchange seq - 2 before posting seq - 1
         client.key_value_delete(f"{EXCHANGE_KEY}/{seq - 2}/{pid}")
     return merged
 
 
-def _received(client: Any, seq: int, p: int, purpose: str, timeout: float) -> dict[int, int]:
+def _received(
+    client: Any, seq: int, p: int, purpose: str, timeout: float, rule: str
+) -> dict[int, int]:
     names = _state["names"]
     try:
         got = client.blocking_key_value_get(f"{EXCHANGE_KEY}/{seq}/{p}", int(timeout * 1000))
@@ -268,8 +273,8 @@ def _received(client: Any, seq: int, p: int, purpose: str, timeout: float) -> di
     if got is None or theirs != purpose:
         came = f"came for {theirs}" if got is not None else f"did not come within {timeout:g}s"
         message = (
-            f"exchange #{seq} across workers (for {purpose}): task {names[p]} {came}; every "
-            "worker must iterate its distributed datasets in the same order; aborting"
+            f"exchange #{seq} across workers (for {purpose}): task {names[p]} {came}; {rule}; "
+            "aborting"
         )
         _state["abort"](message)
         raise RuntimeError(message)

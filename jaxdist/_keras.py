@@ -101,7 +101,9 @@ class StrategyDistribution(keras.distribution.DataParallel):
         super().__init__(device_mesh=mesh, auto_shard_dataset=False)
         self.strategy_ref = weakref.ref(strategy)
         self.variable_sharding = _keras_steps.variable_sharding(strategy)
-        self.data_layout = _OneDeviceLayout(jax.sharding.SingleDeviceSharding(devices[0]))
+        # this process's first replica device (several workers: device 0 may be another's)
+        local = [d for d in devices if d.process_index == jax.process_index()] or devices
+        self.data_layout = _OneDeviceLayout(jax.sharding.SingleDeviceSharding(local[0]))
 
     def get_variable_layout(self, variable: Any) -> jax.sharding.Sharding:
         key = id(variable)

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import keras
 
 from jaxdist._default import get_replica_context
+from jaxdist._nn import div_no_nan
 from jaxdist._reduce_op import ReduceOp
 
 _ORIGINAL: dict[str, Any] = {}
@@ -70,9 +71,8 @@ def moments(x: Any, axes: Any, keepdims: bool = False, synchronized: bool = Fals
         jnp.sum(jnp.ones_like(x), axes, keepdims=True),
     )
     total, squares, count = ctx.all_reduce(ReduceOp.SUM, local)
-    safe = jnp.where(count == 0, 1, count)
-    mean = jnp.where(count == 0, 0, total / safe)
-    variance = jnp.maximum(jnp.where(count == 0, 0, squares / safe) - jnp.square(mean), 0.0)
+    mean = div_no_nan(total, count)  # no rows anywhere: 0 (an empty replica adds 0 to each sum)
+    variance = jnp.maximum(div_no_nan(squares, count) - jnp.square(mean), 0.0)
     if not keepdims:
         mean, variance = jnp.squeeze(mean, axes), jnp.squeeze(variance, axes)
     return mean.astype(dtype), variance.astype(dtype)

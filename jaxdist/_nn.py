@@ -123,9 +123,30 @@ def compute_average_loss(
         loss = (loss.astype(compute) * w.astype(compute)).astype(loss.dtype)
     dtype = _float_dtype(loss.dtype)
     total = jnp.sum(loss.astype(dtype))
-    gbs = jnp.asarray(global_batch_size, dtype)
-    zero = gbs == 0  # TF's div_no_nan; the safe divisor keeps gradients finite
-    return jnp.where(zero, jnp.zeros((), dtype), total / jnp.where(zero, 1, gbs))
+    return div_no_nan(total, jnp.asarray(global_batch_size, dtype))
+
+
+def div_no_nan(total: Any, count: Any) -> jax.Array:
+    """TF's ``tf.math.divide_no_nan``: ``total / count``, and 0 where ``count`` is 0.
+
+    jaxdist's one rule for a replica with no rows (the empty replicas of a partial
+    batch, ``tf.distribute``'s split): a mean over its rows is 0, so it adds nothing to
+    the replicas' sum, and the divisor is made safe so that its gradient is 0, not NaN.
+    `compute_average_loss`, Keras' per-replica loss (`jaxdist._keras_steps`) and the
+    synchronized batch-norm moments (`jaxdist._keras_syncbn`) divide through it.
+
+    >>> import jax, jax.numpy as jnp
+    >>> float(div_no_nan(jnp.sum(jnp.zeros((0,))), 0))
+    0.0
+    >>> float(div_no_nan(6.0, 4))
+    1.5
+    >>> float(jax.grad(lambda t: div_no_nan(t, 0.0))(1.0))
+    0.0
+    """
+    total = jnp.asarray(total)
+    zero = jnp.asarray(count) == 0
+    safe = jnp.where(zero, jnp.ones_like(count), count)
+    return jnp.where(zero, jnp.zeros_like(total), total / safe)
 
 
 def scale_regularization_loss(regularization_loss: Any) -> jax.Array:

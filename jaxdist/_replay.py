@@ -229,12 +229,15 @@ class _Learnt:
         self.sizes: dict[int, list] = {}
         self.guessed: set[int] = set()
         self.merges: dict[int, list] = {}  # merge_call index -> each replica's result shapes
+        self.shapes: dict[int, tuple] = {}  # gather index -> (axis, each replica's shape)
 
     def gather(self, k: int, members: tuple, x: Any, axis: int) -> Any:
         sizes = self.sizes.setdefault(k, [None] * self.n)
         known = None not in sizes
+        shapes = self.shapes.setdefault(k, (axis, [None] * self.n))[1]
         for i in members:
-            sizes[i] = x.shape[axis]
+            sizes[i], shapes[i] = x.shape[axis], tuple(x.shape)
+        self.check(k)
         if not known:
             self.guessed.add(k)
         if not known or len(set(sizes)) == 1:
@@ -246,6 +249,22 @@ class _Learnt:
         return jnp.concatenate(
             [lax.slice_in_dim(rows[i], 0, s, axis=axis) for i, s in enumerate(sizes)], axis=axis
         )
+
+    def check(self, k: int) -> None:
+        """`ValueError` where the replicas' values of gather ``k`` differ off its axis."""
+        axis, shapes = self.shapes[k]
+        seen = [(i, sh) for i, sh in enumerate(shapes) if sh is not None]
+        for i, shape in seen[1:]:
+            first = seen[0][1]
+            off = [d for d in range(len(shape)) if d != axis and shape[d] != first[d]]
+            if len(shape) != len(first) or off:
+                where = f"axis {off[0]}" if off else "rank"
+                raise ValueError(
+                    f"ReplicaContext.all_gather(axis={axis}) needs every replica's value to "
+                    f"have the same shape except along axis {axis} (TF raises "
+                    f"InvalidArgumentError); replica {seen[0][0]} gave shape {first} and "
+                    f"replica {i} gave {shape}, which differ in {where}."
+                )
 
     def replay(self) -> bool:
         """Whether a guess turned out wrong (lengths differ): the groups are traced again."""

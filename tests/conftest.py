@@ -1,5 +1,6 @@
 """Test set-up: 8 simulated CPU devices, fixed once before JAX starts."""
 
+import importlib
 import os
 
 os.environ["XLA_FLAGS"] = (
@@ -13,6 +14,32 @@ import pytest  # noqa: E402
 import jaxdist as jd  # noqa: E402
 
 REPLICAS = (1, 2, 4, 8)
+
+try:  # the sweep's profiles (tests/test_sweep_*.py); hypothesis is in the dev extra
+    from hypothesis import HealthCheck, settings
+except ImportError:  # the sweep modules fail or skip on their own (`require`)
+    pass
+else:
+    _SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large]
+    # CI: the same draws every run (derandomize), few of them, no deadline (jit compiles)
+    settings.register_profile(
+        "ci",
+        derandomize=True,
+        max_examples=12,
+        deadline=None,
+        database=None,
+        suppress_health_check=_SLOW,
+        print_blob=True,
+    )
+    # make sweep: JAXDIST_SWEEP=1 (JAXDIST_SWEEP_EXAMPLES draws per test, default 2000)
+    settings.register_profile(
+        "sweep",
+        max_examples=int(os.environ.get("JAXDIST_SWEEP_EXAMPLES", "2000")),
+        deadline=None,
+        suppress_health_check=_SLOW,
+        print_blob=True,
+    )
+    settings.load_profile("sweep" if os.environ.get("JAXDIST_SWEEP") else "ci")
 
 
 def mirrored(n: int) -> jd.MirroredStrategy:
@@ -37,6 +64,22 @@ def any_strategy(request):
 def _no_leaked_strategy():
     yield
     assert not jd.has_strategy(), "a test left a strategy current"
+
+
+def require(module: str):
+    """Imports a dev dependency (pyproject's ``dev`` extra) for a test module: a missing one
+    fails the module under ``make test`` (it sets ``JAXDIST_REQUIRE_DEV=1``, having installed
+    the extra) and in CI (``CI`` set, as GitHub Actions does), and skips it elsewhere, so the
+    suite never passes by skipping what it was meant to run."""
+    if dev_required():
+        return importlib.import_module(module)
+    return pytest.importorskip(module)
+
+
+def dev_required() -> bool:
+    """Whether a missing dev dependency (or Keras on another backend) fails, not skips."""
+    flags = (os.environ.get("JAXDIST_REQUIRE_DEV", ""), os.environ.get("CI", ""))
+    return any(f.lower() not in ("", "0", "false") for f in flags)
 
 
 def devices_of(value) -> tuple:

@@ -7,6 +7,10 @@ keeps its replicas' rows; the last batch is partial), `evaluate`, `predict`, for
 one with batch norm; the chief alone saves the dense model as a ``.keras`` file inside the
 scope and the other's weights outside it. Prints
 ``RESULT <json>`` ({model: history, evaluate, weights, predict}).
+
+``python keras_multiworker_worker.py OUT_DIR save WHO TIMEOUT``: `save_in_scope` instead: a small
+model fit inside the scope (9 rows in batches of 8), then ``model.save`` inside the scope by ``WHO`` (``chief`` or ``all``: the others
+to a temporary path, TF's rule), with ``timeout_seconds=TIMEOUT``.
 """
 
 import json
@@ -59,7 +63,34 @@ def build_and_fit(strategy, name="dense"):
     return model, hist.history, ev
 
 
+def save_data():
+    """`save_in_scope`'s 9 rows (batches of 8 and 1) and initial kernel (bias 0)."""
+    r = np.random.default_rng(3)
+    x, y = r.normal(size=(9, 4)).astype("float32"), r.normal(size=(9, 2)).astype("float32")
+    return x, y, (0.1 * np.arange(8, dtype="float32")).reshape(4, 2)
+
+
+def save_in_scope(out_dir, who, timeout):
+    options = jd.experimental.CommunicationOptions(timeout_seconds=timeout)
+    strategy = jd.MultiWorkerMirroredStrategy(communication_options=options)
+    x, y, kernel = save_data()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+        model.layers[0].kernel.assign(kernel)
+        # fit inside the scope: the last batch's 1 row is worker 0's; worker 1 has none
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    chief = strategy.cluster_resolver.task_id == 0
+    with strategy.scope():
+        if chief or who == "all":
+            name = "model.keras" if chief else f"tmp_{strategy.cluster_resolver.task_id}.keras"
+            model.save(os.path.join(out_dir, name))
+    print("RESULT " + json.dumps({"weights": [w.tolist() for w in model.get_weights()]}))
+
+
 def main():
+    if len(sys.argv) > 2 and sys.argv[2] == "save":
+        return save_in_scope(sys.argv[1], sys.argv[3], float(sys.argv[4]))
     strategy = jd.MultiWorkerMirroredStrategy()
     out = {}
     for name in ("dense", "bn"):

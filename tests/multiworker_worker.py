@@ -13,6 +13,7 @@ has 2 simulated CPU devices. Scenarios:
   ``run`` followed by three metric ``reduce`` calls, with no host sync in between.
 * ``stall``: worker 1 stops calling (sleeps) before a ``reduce``; both must end clearly.
 * ``scale``: a smaller ``basic`` for any number of workers (4 x 2 devices in the tests).
+* ``sweep``: the sweep's fixed multi-worker draws (`SWEEP_DRAWS`), custom-loop epochs.
 
 ``JAXDIST_TEST_DEVICES`` sets the devices per worker (default 2).
 
@@ -403,7 +404,53 @@ def skip_input(s, jd, timeout):
     return {"steps": len(list(s.experimental_distribute_dataset(generate)))}
 
 
+SWEEP_DRAWS = [  # (rows, batch, drop_remainder, jit) for 2 workers x 2 devices (4 replicas)
+    (33, 32, False, True),  # last batch 1: 1, 0 | 0, 0 (the second worker has no row)
+    (9, 8, False, False),
+    (5, 70, False, True),  # one batch: 2, 2 | 1, 0
+    (13, 6, True, False),
+]
+
+
+def sweep(s, jd, timeout):
+    """Fixed draws of the sweep (tests/test_sweep_multiworker.py): an epoch of SGD on a linear
+    model with the global-batch mean loss, over every global batch; each draw's losses and
+    weights (tests/test_sweep_split.py computes one device's)."""
+    import jax
+    import jax.numpy as jnp
+
+    r = np.random.default_rng(7)  # test_sweep_split's data
+    x_all, y_all = r.normal(size=(300, 3)).astype(np.float32), r.normal(size=300).astype(np.float32)
+    out = []
+    for rows, batch, drop, jit in SWEEP_DRAWS:
+        starts = [(a, min(batch, rows - a)) for a in range(0, rows, batch)]
+        starts = starts[:-1] if drop and starts[-1][1] < batch else starts
+        data = [(x_all[a : a + n], y_all[a : a + n]) for a, n in starts]
+
+        def replica(w, xy, batch=batch):
+            x, y = xy
+
+            def loss(w):
+                return jd.nn.compute_average_loss((x @ w - y) ** 2, global_batch_size=batch)
+
+            value, grad = jax.value_and_grad(loss)(w)
+            return value, w - LR * jd.get_replica_context().all_reduce("SUM", grad)
+
+        def step(w, xy):
+            value, w = s.run(replica, args=(w, xy))
+            return s.reduce("SUM", value, axis=None), s.experimental_local_results(w)[0]
+
+        step = jax.jit(step) if jit else step
+        w, losses = jnp.array([0.5, -0.25, 0.1], jnp.float32), []
+        for xy in s.experimental_distribute_dataset(data):
+            total, w = step(w, xy)
+            losses.append(float(total))
+        out.append({"losses": losses, "w": np.asarray(w).tolist()})
+    return out
+
+
 SCENARIOS = {
+    "sweep": sweep,
     "skip_input": skip_input,
     "empty_worker": empty_worker,
     "uneven": uneven,

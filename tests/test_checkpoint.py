@@ -11,11 +11,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import REPLICAS, mirrored
+from conftest import REPLICAS, mirrored, require
 
 import jaxdist as jd
 
-ocp = pytest.importorskip("orbax.checkpoint")
+ocp = require("orbax.checkpoint")
 
 
 _RNG = np.random.default_rng(0)
@@ -39,6 +39,17 @@ def train(s, steps=3, params=None):
     for i in range(steps):
         state = {"params": s.run(step, args=(state["params"], x)), "step": i + 1}
     return state
+
+
+def numpy_train(steps):
+    """`train`'s steps in NumPy (float64): the global mean gradient over DATA's 8 rows."""
+    w, b = PARAMS["w"].astype(np.float64), PARAMS["b"].astype(np.float64)
+    x = DATA.astype(np.float64)
+    for _ in range(steps):
+        t = np.tanh(x @ w + b)
+        d = 2 * t * (1 - t**2) / t.size  # d mean(t^2) / dz
+        w, b = w - 0.1 * x.T @ d, b - 0.1 * d.sum(0)
+    return {"w": w, "b": b}
 
 
 def host(tree):
@@ -73,6 +84,8 @@ def test_save_once_restore_into_another_replica_count(tmp_path, saved, restored)
     want = train(src, steps=5)
     for copy in dst.experimental_local_results(more["params"]):
         same_leaves(copy, src.experimental_local_results(want["params"])[0], rtol=1e-5)
+        for k, v in numpy_train(5).items():  # independently of jaxdist
+            np.testing.assert_allclose(np.asarray(copy[k]), v, rtol=1e-5, atol=1e-6)
 
 
 def test_restore_into_plain_single_device_code(tmp_path):

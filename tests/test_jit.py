@@ -205,6 +205,20 @@ def mlp_setup(s, batch=4):
     return params, x, r * batch
 
 
+def mlp_numpy(r, steps, batch=4):
+    """`mlp_setup`'s model trained by `train_step_fn`'s rule in NumPy (float64): the parameters
+    after ``steps`` steps and the loss the last step computed (before its update)."""
+    rng = np.random.default_rng(0)
+    w, b = rng.normal(size=(8, 3)), np.zeros(3)
+    data = rng.normal(size=(r * batch, 8)).astype(np.float32).astype(np.float64)
+    for _ in range(steps):
+        t = np.tanh(data @ w + b)
+        loss = np.sum((t - 0.5) ** 2) / (r * batch)
+        d = 2 * (t - 0.5) * (1 - t**2) / (r * batch)
+        w, b = w - 0.1 * data.T @ d, b - 0.1 * d.sum(0)
+    return {"w": w, "b": b}, loss
+
+
 def train_step_fn(s, global_batch):
     def replica_step(p, x):
         def loss_fn(p):
@@ -245,6 +259,11 @@ def test_jitted_train_step_compiles_once_and_matches_eager(strategy):
     same(p3, p_eager)
     n, leaf = strategy.num_replicas_in_sync, jax.tree.leaves(p_jit)[0]
     assert leaf.shape == ((n,) if n > 1 else ()) + jax.tree.leaves(params)[0].shape
+    want, want_loss = mlp_numpy(n, 1000)  # the 1,000 jitted steps, independently
+    for copy in strategy.experimental_local_results(p_jit):
+        for k in ("w", "b"):
+            np.testing.assert_allclose(np.asarray(copy[k]), want[k], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(float(loss_jit), want_loss, rtol=1e-4, atol=1e-6)
 
 
 def test_donating_the_distributed_state(strategy):

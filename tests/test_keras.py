@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
-keras = pytest.importorskip("keras")
+from conftest import REPLICAS, dev_required, mirrored, require  # noqa: E402
 
-from conftest import REPLICAS, mirrored  # noqa: E402
+keras = require("keras")
 
 import jaxdist as jd  # noqa: E402
 
@@ -27,7 +27,12 @@ X = rng.normal(size=(250, 16)).astype("float32")
 Y = rng.integers(0, 2, size=(250,)).astype("int32")
 SW = np.linspace(0.5, 1.5, 250).astype("float32")
 
-pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax", reason="needs KERAS_BACKEND=jax")
+if keras.backend.backend() != "jax":  # Keras was imported first with another backend
+    if dev_required():
+        raise RuntimeError(
+            f"tests/test_keras.py needs KERAS_BACKEND=jax; got {keras.backend.backend()}"
+        )
+    pytest.skip("needs KERAS_BACKEND=jax", allow_module_level=True)
 
 
 @pytest.fixture(autouse=True)

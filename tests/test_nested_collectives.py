@@ -6,12 +6,14 @@ replica (empty ones included), so on a partial batch ``[1, 1, 0, 0]`` the gradie
 Expected values come from the replica count and NumPy on one device.
 """
 
+import functools
 import traceback
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import require
 from jax import lax
 
 import jaxdist as jd
@@ -170,6 +172,40 @@ def test_raw_all_gather_of_different_shapes_is_a_clear_error():
         s.run(lambda x: lax.psum(x, jd.AXIS), args=(x,))
 
 
+@MODES
+@pytest.mark.parametrize("case", ["values", "partial_batch", "functools_partial"])
+def test_all_gather_of_shapes_differing_off_its_axis_is_a_value_error(jitted, case):
+    """TF raises InvalidArgumentError; jaxdist a ValueError naming the axis and the shapes,
+    eagerly and in jax.jit alike (not lax.all_gather's RuntimeError, a call the user did
+    not make)."""
+    s = strategy(2)
+    if case == "values":  # (2, 3) and (2, 4), gathered along axis 0
+        x = s.experimental_distribute_values_from_function(
+            lambda c: jnp.ones((2, 3 + c.replica_id_in_sync_group))
+        )
+        axis, want = (
+            0,
+            r"replica 0 gave shape \(2, 3\) and replica 1 gave \(2, 4\), which differ in axis 1",
+        )
+    else:  # a partial batch of 3 rows: (2, 2) and (1, 2), gathered along axis 1
+        x = batch(s, np.ones((3, 2), np.float32))
+        axis, want = (
+            1,
+            r"replica 0 gave shape \(2, 2\) and replica 1 gave \(1, 2\), which differ in axis 0",
+        )
+
+    def gather(v, axis):
+        return jd.get_replica_context().all_gather(v, axis=axis)
+
+    fn = (
+        functools.partial(gather, axis=axis)
+        if case == "functools_partial"
+        else (lambda v: gather(v, axis))
+    )
+    with pytest.raises(ValueError, match=rf"all_gather\(axis={axis}\).*{want}"):
+        run(s, fn, x, jitted=jitted)
+
+
 # -- a synchronized batch norm inside jax.grad (the DenseNet-style step) ----------------------
 
 
@@ -226,7 +262,7 @@ def test_sync_batch_norm_gradient_on_a_partial_batch_matches_one_device(n, rows,
 def test_flax_batch_norm_over_the_replica_axis(jitted):
     """flax's BatchNorm(axis_name=jd.AXIS) in a partial-batch step: its statistics are the
     lax.pmean of each replica's moments (flax's definition), computed here with NumPy."""
-    nn = pytest.importorskip("flax.linen")
+    nn = require("flax.linen")
     s = strategy(4)
     data = np.random.default_rng(1).normal(size=(7, 3)).astype(np.float32)  # [2, 2, 2, 1]
     x = batch(s, data)

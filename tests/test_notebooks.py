@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import require  # noqa: E402
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
+nbformat = require("nbformat")
+nbclient = require("nbclient")
+require("ipykernel")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
