@@ -38,15 +38,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 R, BATCH = 8, 256
 MODELS = {"mlp": 40, "conv": 16}  # steps per timed epoch
 TINY_BATCH, TINY_STEPS = 32, 300
+POOL = {"PJRT_NPROC": str(2 * R)}  # the XLA CPU pool `import jaxdist` sets for 8 devices
 LOOPS = [
-    ("fit_jaxdist", "jaxdist", 1, R),
-    ("fit_jaxdist_spe4", "jaxdist", 4, R),
-    ("fit_jaxdist_spe16", "jaxdist", 16, R),
-    ("fit_keras_dataparallel", "keras_dp", 1, R),
-    ("custom_jaxdist", "custom", 1, R),
-    ("fit_one_device", "plain", 1, 1),
+    ("fit_jaxdist", "jaxdist", 1, R, {}),
+    ("fit_jaxdist_spe4", "jaxdist", 4, R, {}),
+    ("fit_jaxdist_spe16", "jaxdist", 16, R, {}),
+    ("fit_keras_dataparallel", "keras_dp", 1, R, {}),
+    (f"fit_keras_dataparallel_pool{2 * R}", "keras_dp", 1, R, POOL),
+    ("custom_jaxdist", "custom", 1, R, {}),
+    ("fit_one_device", "plain", 1, 1, {}),
 ]
-TINY = [("tiny_plain", "plain", 1, 1), ("tiny_jaxdist_one_device", "jaxdist", 1, 1)]
+TINY = [("tiny_plain", "plain", 1, 1, {}), ("tiny_jaxdist_one_device", "jaxdist", 1, 1, {})]
 
 
 # -- the worker: one configuration, one process ---------------------------------------------
@@ -181,9 +183,9 @@ def worker(kind, how, spe, devices):
 # -- the parent: interleaved rounds over the workers -----------------------------------------
 
 
-def _env(devices):
+def _env(devices, extra):
     env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "JAXDIST_PJRT_NPROC")}
-    env.update(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
+    env.update(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", **extra)
     flags = [f for f in env.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
     if devices > 1:
         flags.append(f"--xla_force_host_platform_device_count={devices}")
@@ -194,7 +196,7 @@ def _env(devices):
     return env
 
 
-def _start(kind, how, spe, devices):
+def _start(kind, how, spe, devices, extra):
     args = [sys.executable, "-m", "benchmarks.bench_keras", "--worker", kind, how, str(spe)]
     return subprocess.Popen(
         [*args, str(devices)],
@@ -202,36 +204,42 @@ def _start(kind, how, spe, devices):
         stdout=subprocess.PIPE,
         text=True,
         cwd=os.path.dirname(HERE),
-        env=_env(devices),
+        env=_env(devices, extra),
+        stderr=subprocess.DEVNULL,
     )
 
 
 def _read(proc, key):
+    """The worker's next figure, or None when it ended (XLA aborts a process whose collective
+    waits too long at its rendezvous: exit code -6)."""
     line = proc.stdout.readline()
-    if not line:
-        raise RuntimeError(f"a benchmark worker ended early (exit code {proc.wait()})")
-    return json.loads(line)[key]
+    return json.loads(line)[key] if line else None
 
 
 def group(kind, loops, rounds):
     """Starts one process per loop (one after another, so first epochs are not contended),
-    then times ``rounds`` interleaved rounds: {name: {"first_epoch_s", "times"}}."""
+    then times ``rounds`` interleaved rounds: {name: {"first_epoch_s", "times", "ended"}}."""
     procs, out = {}, {}
-    for name, how, spe, devices in loops:
-        procs[name] = _start(kind, how, spe, devices)
+    for name, how, spe, devices, extra in loops:
+        procs[name] = _start(kind, how, spe, devices, extra)
         out[name] = {"first_epoch_s": _read(procs[name], "first_epoch_s"), "times": []}
     names = list(procs)
     try:
         for r in range(rounds):
             shift = r % len(names)
             for name in names[shift:] + names[:shift]:
-                procs[name].stdin.write("go\n")
-                procs[name].stdin.flush()
-                out[name]["times"].append(_read(procs[name], "s_per_step"))
+                p = procs[name]
+                if p.poll() is not None or out[name]["first_epoch_s"] is None:
+                    continue
+                p.stdin.write("go\n")
+                p.stdin.flush()
+                t = _read(p, "s_per_step")
+                out[name]["times"].append(t if t is not None else float("nan"))
     finally:
-        for p in procs.values():
-            p.stdin.close()
-            p.wait()
+        for name, p in procs.items():
+            if p.poll() is None:
+                p.stdin.close()
+            out[name]["ended"] = p.wait()
     return out
 
 
@@ -239,6 +247,10 @@ def _rows(out, base):
     rows, summary = [], {}
     for name, r in out.items():
         t = r["times"]
+        if r["ended"] or not t or r["first_epoch_s"] is None or any(x != x for x in t):
+            summary[name] = {"aborted": f"exit code {r['ended']} after {len(t)} rounds"}
+            rows.append([name, f"aborted (exit code {r['ended']}, XLA rendezvous timeout)", "", ""])
+            continue
         ratios = [b / a for a, b in zip(t, out[base]["times"])]
         med = statistics.median(t)
         summary[name] = {
@@ -263,7 +275,7 @@ def _rows(out, base):
 def main(quick=False):
     from benchmarks import common
 
-    rounds = 3 if quick else 7
+    rounds = 3 if quick else 5
     results, parts = {}, []
     header = ["loop", "ms/step median (range)", "{} time / this (range)", "first epoch s"]
     for kind in MODELS:

@@ -8,7 +8,7 @@ to the jitted step, whose ``in_shardings`` put row ``i`` on replica ``i`` in the
 processes) goes through the strategy's own split (`jaxdist._input_place.Placer`).
 
 ``steps_per_execution=k`` (TF: a ``tf.function`` around k steps) stacks k such batches and runs
-the k steps in one program, a `jax.lax.scan` over them (`scan_steps`).
+the k steps in one program, a `jax.lax.scan` over them (`scan_steps`; unrolled on CPUs).
 
 >>> import numpy as np
 >>> leaves = host_split((np.zeros((8, 3)), np.arange(8)), 4)
@@ -57,9 +57,15 @@ def same_shapes(batches: list) -> bool:
     return len(specs) == 1
 
 
-def scan_steps(step: Callable, state: Any, copies: Any, batches: tuple, concat: bool) -> tuple:
+def scan_steps(
+    step: Callable, state: Any, copies: Any, batches: tuple, concat: bool, unroll: bool
+) -> tuple:
     """``len(batches)`` steps ``step(state, copies, batch) -> (outputs, state, copies)`` in one
-    program: outputs of the last step, or (``concat``, predict) every step's concatenated."""
+    program: outputs of the last step, or (``concat``, predict) every step's concatenated.
+
+    ``unroll``: the steps one after the other in the program rather than a loop (XLA's CPU
+    backend runs convolutions inside a loop body about 20x slower: measured on the conv net
+    of benchmarks/bench_keras.py, 8 simulated devices, jax 0.10)."""
     if len(batches) == 1:
         return step(state, copies, batches[0])
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *batches)
@@ -68,7 +74,7 @@ def scan_steps(step: Callable, state: Any, copies: Any, batches: tuple, concat: 
         outputs, state, copies = step(*carry, batch)
         return (state, copies), outputs
 
-    scanned: tuple[Any, Any] = jax.lax.scan(body, (state, copies), stacked)
+    scanned: tuple[Any, Any] = jax.lax.scan(body, (state, copies), stacked, unroll=unroll)
     (state, copies), stepwise = scanned
     if concat:
         return jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), stepwise), state, copies

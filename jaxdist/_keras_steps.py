@@ -239,7 +239,8 @@ class StepFunction:
         """``len(batches)`` steps on `host_split` batches, one program (`scan_steps`)."""
         self.traces += 1
         with self.strategy.scope():
-            out = scan_steps(self._step, state, copies, batches, self.kind == "predict")
+            concat, unroll = self.kind == "predict", self._device.platform == "cpu"
+            out = scan_steps(self._step, state, copies, batches, concat, unroll)
         return (*out, jnp.zeros(()))
 
     def _step(self, state: Any, copies: tuple, raw: Any) -> tuple:
