@@ -288,8 +288,37 @@ def main(quick=False):
     rows, results["tiny"] = _rows(out, "tiny_plain")
     h = header[:2] + [header[2].format("tiny_plain"), header[3]]
     parts += [f"tiny Dense 16-16-4, batch 32, one CPU device, {rounds} rounds", ""]
-    parts += [common.table(h, rows)]
+    parts += [common.table(h, rows), "", "Targets (issues 26 and 30):", ""]
+    parts += [common.table(["target", "measured", "met"], targets(results))]
     return {"title": "bench_keras", **results, "markdown": "\n".join(parts)}
+
+
+def targets(results):
+    """The issues' targets against this run's figures: rows (target, measured, met)."""
+    rows = []
+
+    def row(text, value, ok):
+        rows.append([text, "n/a" if value is None else f"{value:.2f}", "n/a" if ok is None else ok])
+
+    for kind in MODELS:
+        r = results[kind]
+        dp = next(
+            (
+                r[k]
+                for k in (f"fit_keras_dataparallel_pool{2 * R}", "fit_keras_dataparallel")
+                if "aborted" not in r[k]
+            ),
+            None,
+        )
+        custom = r["custom_jaxdist"].get("speed_vs_base")
+        row(f"{kind}: fit time / custom loop time <= 1.1", custom, custom and custom <= 1.1)
+        speed = dp and dp["speed_vs_base"]
+        row(f"{kind}: DataParallel time / fit time >= 1", speed and 1 / speed, speed and speed <= 1)
+        first = dp and r["fit_jaxdist"]["first_epoch_s"] / dp["first_epoch_s"]
+        row(f"{kind}: first epoch / DataParallel's <= 1.5", first, first and first <= 1.5)
+    tiny = results["tiny"]["tiny_jaxdist_one_device"].get("speed_vs_base")
+    row("tiny: one-device scope speed / plain Keras >= 0.95", tiny, tiny and tiny >= 0.95)
+    return rows
 
 
 if __name__ == "__main__":
