@@ -31,7 +31,8 @@ import numpy as np
 def host_split(batch: Any, n: int, device: Any = None) -> tuple[Any, int] | None:
     """``batch`` with every leaf viewed as ``(n, rows // n, ...)`` (``n == 1``: as it is), and
     its number of rows; None unless every leaf is a NumPy array (or, with one replica, an
-    array on its ``device``) of numbers with the same number of rows, divisible by ``n``."""
+    array on its ``device``; or an array on one CPU device, read back as NumPy) of numbers with
+    the same number of rows, divisible by ``n``."""
     leaves, treedef = jax.tree.flatten(batch)
     rows = {int(np.shape(x)[0]) if np.ndim(x) else -1 for x in leaves}
     b = rows.pop() if len(rows) == 1 else -1
@@ -42,10 +43,17 @@ def host_split(batch: Any, n: int, device: Any = None) -> tuple[Any, int] | None
         if isinstance(x, jax.Array) and n == 1 and x.sharding.device_set == {device}:
             out.append(x)
             continue
+        if isinstance(x, jax.Array) and _on_one_cpu(x):  # fit in the scope: Keras put it there
+            x = np.asarray(x)
         if type(x) is not np.ndarray or x.dtype.kind not in "biufc":
             return None
         out.append(x if n == 1 else x.reshape((n, b // n, *x.shape[1:])))
     return jax.tree.unflatten(treedef, out), b
+
+
+def _on_one_cpu(x: jax.Array) -> bool:
+    devices = x.sharding.device_set
+    return len(devices) == 1 and getattr(next(iter(devices)), "platform", None) == "cpu"
 
 
 def same_shapes(batches: list) -> bool:

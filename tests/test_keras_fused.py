@@ -91,3 +91,18 @@ def test_one_replica_scope_gives_plain_keras_weights():
     for a, b in zip(scoped.get_weights(), plain.get_weights()):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
     np.testing.assert_allclose(hs.history["loss"], hp.history["loss"], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [1, 4], ids=["r1", "r4"])
+def test_fit_inside_the_scope_gives_the_weights_of_fit_outside(n):
+    # Inside the scope Keras first puts each batch on one device (jaxdist's data layout); the
+    # step reads it back and splits it as it splits NumPy batches.
+    outside, h1 = trained(mirrored(n), True, 1)
+    strategy = mirrored(n)
+    with strategy.scope():
+        inside = build(True, 1)
+        h2 = inside.fit(X, Y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(inside.get_weights(), outside.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(h2.history["loss"], h1.history["loss"], rtol=0, atol=1e-6)
+    assert inside.train_function.traces == 2  # a full batch and the partial one
