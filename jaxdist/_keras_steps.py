@@ -24,7 +24,12 @@ a Keras model's under ``MirroredStrategy``:
 
 One all-reduce per step carries gradients, metric updates and aggregated
 variables. The program is traced once per input signature (a full batch and a
-partial batch are two); `traces` counts it. Its dispatches stay under the
+partial batch are two; ``steps_per_execution`` full batches in one program a
+third); `traces` counts it. Batches of NumPy arrays that split evenly go to the
+program as they are, and ``steps_per_execution=k`` full batches run as one
+program (`jaxdist._keras_fused`); other batches are split by the strategy's
+`Placer`, and whole batches (``*_on_batch``) or several processes take the
+placed path (`StepFunction._placed_steps`). Its dispatches stay under the
 in-flight bound (`jaxdist._inflight`). With several workers, jaxdist traces no
 partial batch inside `jax.jit`: that step runs eagerly through ``strategy.run``
 (`StepFunction._eager`), on each worker's copy of the state.
