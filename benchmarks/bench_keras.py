@@ -1,13 +1,29 @@
-"""Keras `model.fit` under a jaxdist strategy vs jaxdist's own jitted custom loop and Keras' own
-`keras.distribution.DataParallel`, on the peer benchmark's MLP (784-512-512-10, global batch 256,
-SGD 0.1, 8 simulated devices, full batches only). Paired: the loops alternate in one process,
-and each round's ratio is taken between neighbours.
+"""Keras `model.fit` under a jaxdist strategy against its honest peers, each configuration in its
+own process, rounds interleaved.
 
 python -m benchmarks.bench_keras [--quick]
 
-With TensorFlow's interpreter in ``$JAXDIST_TF_PYTHON`` (or ``.venv-tf``, as `make bench-tf`),
-TF Keras `model.fit` under `tf.distribute.MirroredStrategy` on 8 logical CPUs
-(`benchmarks/peer/tf_keras_fit.py`) runs too, in its own process between jaxdist's rounds.
+Models: an MLP (784-512-512-10) and a small conv net with BatchNormalization (28x28x1, conv 16,
+BN, conv 32 stride 2, BN, global pooling, Dense 10), global batch 256, SGD 0.1, 8 simulated CPU
+devices, full batches only. Loops, each in its own process (so nothing one configuration sets --
+XLA's CPU thread pool, which ``import jaxdist`` sizes with ``PJRT_NPROC``, or Keras' global
+distribution -- reaches another):
+
+* ``fit_jaxdist``: ``model.fit`` of a model built in ``jd.MirroredStrategy(8 devices).scope()``
+  (fit outside the scope, as TF's guide does), ``steps_per_execution`` 1, 4 and 16;
+* ``fit_keras_dataparallel``: Keras' own ``keras.distribution.DataParallel`` used as Keras
+  documents it: ``keras.distribution.set_distribution(dp)`` before the model is built and while
+  ``fit`` runs (no jaxdist imported);
+* ``custom_jaxdist``: jaxdist's jitted custom loop on the same Keras model (the README recipe);
+* ``fit_one_device``: plain Keras ``fit`` in a process with one CPU device (no jaxdist).
+
+And the tiny one-device case of issue 30: Dense 16-16-4 at batch 32 on one CPU device, plain
+Keras against ``fit`` in a ``jd.MirroredStrategy()`` scope (one replica).
+
+Each worker times one epoch per round when told to; the parent runs the rounds in turn, the order
+rotating every round, and reports per configuration the median ms/step with its range, the median
+of the per-round ratios against ``fit_jaxdist`` (neighbours in time), and the first epoch (trace,
+compile and one epoch) in seconds.
 """
 
 import json
@@ -18,78 +34,123 @@ import sys
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
-
-# isort: off
-from benchmarks import common  # noqa: E402  (8 simulated devices before JAX starts)
-import jaxdist as jd  # noqa: E402  (before Keras starts JAX: jaxdist sizes XLA's CPU pool)
-import keras  # noqa: E402
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-# isort: on
-
-R, BATCH, STEPS = 8, 256, 40
-
-
-def _data(steps):
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(steps * BATCH, 784)).astype(np.float32)
-    y = rng.integers(0, 10, size=(steps * BATCH,)).astype(np.int32)
-    return x, y
+HERE = os.path.dirname(os.path.abspath(__file__))
+R, BATCH = 8, 256
+MODELS = {"mlp": 40, "conv": 16}  # steps per timed epoch
+TINY_BATCH, TINY_STEPS = 32, 300
+POOL = {"PJRT_NPROC": str(2 * R)}  # the XLA CPU pool `import jaxdist` sets for 8 devices
+LOOPS = [
+    ("fit_jaxdist", "jaxdist", 1, R, {}),
+    ("fit_jaxdist_spe4", "jaxdist", 4, R, {}),
+    ("fit_jaxdist_spe16", "jaxdist", 16, R, {}),
+    ("fit_keras_dataparallel", "keras_dp", 1, R, {}),
+    (f"fit_keras_dataparallel_pool{2 * R}", "keras_dp", 1, R, POOL),
+    ("custom_jaxdist", "custom", 1, R, {}),
+    ("fit_one_device", "plain", 1, 1, {}),
+]
+TINY = [("tiny_plain", "plain", 1, 1, {}), ("tiny_jaxdist_one_device", "jaxdist", 1, 1, {})]
 
 
-def _model():
-    model = keras.Sequential(
-        [
-            keras.Input((784,)),
-            keras.layers.Dense(512, activation="relu"),
-            keras.layers.Dense(512, activation="relu"),
-            keras.layers.Dense(10),
-        ]
-    )
-    model.compile(
-        optimizer=keras.optimizers.SGD(0.1),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
+# -- the worker: one configuration, one process ---------------------------------------------
+
+
+def _model(kind, keras):
+    L = keras.layers
+    if kind == "mlp":
+        layers = [keras.Input((784,)), L.Dense(512, activation="relu"), L.Dense(512, "relu")]
+        layers.append(L.Dense(10))
+    elif kind == "conv":
+        layers = [keras.Input((28, 28, 1)), L.Conv2D(16, 3, padding="same"), L.BatchNormalization()]
+        layers += [L.ReLU(), L.Conv2D(32, 3, strides=2, padding="same"), L.BatchNormalization()]
+        layers += [L.ReLU(), L.GlobalAveragePooling2D(), L.Dense(10)]
+    else:  # tiny
+        layers = [keras.Input((16,)), L.Dense(16, activation="relu"), L.Dense(4)]
+    model = keras.Sequential(layers)
     return model
 
 
-def fit_loop(distribution_scope, x, y):
-    """One epoch of model.fit, built under ``distribution_scope`` (a jaxdist or Keras scope)."""
-    with distribution_scope():
-        model = _model()
+def _compile(model, keras, spe):
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        steps_per_execution=spe,
+    )
+
+
+def _data(kind, steps, np):
+    rng = np.random.default_rng(0)
+    shape = {"mlp": (784,), "conv": (28, 28, 1), "tiny": (16,)}[kind]
+    batch = TINY_BATCH if kind == "tiny" else BATCH
+    x = rng.normal(size=(steps * batch, *shape)).astype(np.float32)
+    y = rng.integers(0, 4 if kind == "tiny" else 10, size=(steps * batch,)).astype(np.int32)
+    return x, y, batch
+
+
+def _fit_epoch(kind, how, spe, devices):
+    """One-epoch function of a `fit` configuration (the process's one)."""
+    import numpy as np
+
+    if how == "jaxdist":
+        import jaxdist as jd  # before Keras starts JAX: jaxdist sizes XLA's CPU pool
+    import keras
+
+    x, y, batch = _data(kind, MODELS.get(kind, TINY_STEPS), np)
+    if how == "jaxdist":
+        strategy = jd.MirroredStrategy([f"/cpu:{i}" for i in range(devices)])
+        with strategy.scope():
+            model = _model(kind, keras)
+            _compile(model, keras, spe)
+    else:
+        if how == "keras_dp":  # Keras' docs: the distribution set before building and fitting
+            import jax
+
+            dp = keras.distribution.DataParallel(devices=jax.devices()[:devices])
+            keras.distribution.set_distribution(dp)
+        model = _model(kind, keras)
+        _compile(model, keras, spe)
 
     def epoch():
-        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
         return model.trainable_variables[0].value
 
     return epoch
 
 
-def custom_loop(strategy, x, y):
-    """One epoch of jaxdist's jitted custom loop on the same Keras model (the recipe of docs/guides/keras.md)."""
+def _custom_epoch(kind, devices):
+    """jaxdist's jitted custom loop on the same Keras model (the recipe of docs/guides/keras.md; batch-norm
+    statistics kept per replica, as TF's mirrored variables are updated per replica)."""
+    # isort: off
+    import jaxdist as jd  # before Keras starts JAX: jaxdist sizes XLA's CPU pool
+    import jax
+    import keras
+    import numpy as np
+
+    # isort: on
+    x, y, batch = _data(kind, MODELS[kind], np)
+    strategy = jd.MirroredStrategy([f"/cpu:{i}" for i in range(devices)])
     with strategy.scope():
-        model = _model()
+        model = _model(kind, keras)
         optimizer = keras.optimizers.SGD(0.1)
         optimizer.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 
     def step(state, x, y):
-        tv, ov = state
+        tv, ntv, ov = state
 
         def loss_of(tv):
-            logits, _ = model.stateless_call(tv, [], x, training=True)
-            return jd.nn.compute_average_loss(loss_fn(y, logits))
+            logits, ntv2 = model.stateless_call(tv, ntv, x, training=True)
+            return jd.nn.compute_average_loss(loss_fn(y, logits)), ntv2
 
-        loss, grads = jax.value_and_grad(loss_of)(tv)
+        (loss, ntv), grads = jax.value_and_grad(loss_of, has_aux=True)(tv)
         grads = jd.get_replica_context().all_reduce(jd.ReduceOp.SUM, grads)
         tv, ov = optimizer.stateless_apply(ov, grads, tv)
-        return (tv, ov), loss
+        return (tv, ntv, ov), loss
 
     train = jax.jit(lambda state, x, y: strategy.run(step, args=(state, x, y)))
-    state = ([v.value for v in model.trainable_variables], [v.value for v in optimizer.variables])
+    values = [model.trainable_variables, model.non_trainable_variables, optimizer.variables]
+    state = tuple([v.value for v in vs] for vs in values)
     box = [strategy.run(lambda s: s, args=(state,))]
-    batches = [(x[i : i + BATCH], y[i : i + BATCH]) for i in range(0, len(x), BATCH)]
+    batches = [(x[i : i + batch], y[i : i + batch]) for i in range(0, len(x), batch)]
     dist = strategy.experimental_distribute_dataset(batches)
 
     def epoch():
@@ -101,64 +162,169 @@ def custom_loop(strategy, x, y):
     return epoch
 
 
-def _tf_python():
-    here = os.path.dirname(os.path.abspath(__file__))
-    path = os.environ.get("JAXDIST_TF_PYTHON") or os.path.join(
-        here, "..", ".venv-tf", "bin", "python"
-    )
-    return path if os.path.exists(path) else None
+def worker(kind, how, spe, devices):
+    """Reads one line per round from stdin; answers seconds per step of one epoch."""
+    import jax
 
-
-def tf_keras_fit(python, rounds):
-    """TF Keras fit ms/step per round (its own process; None without TensorFlow)."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer", "tf_keras_fit.py")
-    out = subprocess.run([python, script, str(rounds)], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])["ms_per_step"]
-
-
-def _time(fn):
+    steps = MODELS.get(kind, TINY_STEPS)
+    epoch = _custom_epoch(kind, devices) if how == "custom" else _fit_epoch(kind, how, spe, devices)
     t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    return (time.perf_counter() - t0) / STEPS
+    jax.block_until_ready(epoch())
+    first = time.perf_counter() - t0
+    print(json.dumps({"first_epoch_s": first}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "go":
+            break
+        t0 = time.perf_counter()
+        jax.block_until_ready(epoch())
+        print(json.dumps({"s_per_step": (time.perf_counter() - t0) / steps}), flush=True)
+
+
+# -- the parent: interleaved rounds over the workers -----------------------------------------
+
+
+def _env(devices, extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "JAXDIST_PJRT_NPROC")}
+    env.update(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", **extra)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
+    if devices > 1:
+        flags.append(f"--xla_force_host_platform_device_count={devices}")
+    env["XLA_FLAGS"] = " ".join(flags)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [os.path.dirname(HERE), env.get("PYTHONPATH")])
+    )
+    return env
+
+
+def _start(kind, how, spe, devices, extra):
+    args = [sys.executable, "-m", "benchmarks.bench_keras", "--worker", kind, how, str(spe)]
+    return subprocess.Popen(
+        [*args, str(devices)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(HERE),
+        env=_env(devices, extra),
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _read(proc, key):
+    """The worker's next figure, or None when it ended (XLA aborts a process whose collective
+    waits too long at its rendezvous: exit code -6)."""
+    line = proc.stdout.readline()
+    return json.loads(line)[key] if line else None
+
+
+def group(kind, loops, rounds):
+    """Starts one process per loop (one after another, so first epochs are not contended),
+    then times ``rounds`` interleaved rounds: {name: {"first_epoch_s", "times", "ended"}}."""
+    procs, out = {}, {}
+    for name, how, spe, devices, extra in loops:
+        procs[name] = _start(kind, how, spe, devices, extra)
+        out[name] = {"first_epoch_s": _read(procs[name], "first_epoch_s"), "times": []}
+    names = list(procs)
+    try:
+        for r in range(rounds):
+            shift = r % len(names)
+            for name in names[shift:] + names[:shift]:
+                p = procs[name]
+                if p.poll() is not None or out[name]["first_epoch_s"] is None:
+                    continue
+                p.stdin.write("go\n")
+                p.stdin.flush()
+                t = _read(p, "s_per_step")
+                out[name]["times"].append(t if t is not None else float("nan"))
+    finally:
+        for name, p in procs.items():
+            if p.poll() is None:
+                p.stdin.close()
+            out[name]["ended"] = p.wait()
+    return out
+
+
+def _rows(out, base):
+    rows, summary = [], {}
+    for name, r in out.items():
+        t = r["times"]
+        if r["ended"] or not t or r["first_epoch_s"] is None or any(x != x for x in t):
+            summary[name] = {"aborted": f"exit code {r['ended']} after {len(t)} rounds"}
+            rows.append([name, f"aborted (exit code {r['ended']}, XLA rendezvous timeout)", "", ""])
+            continue
+        ratios = [b / a for a, b in zip(t, out[base]["times"])]
+        med = statistics.median(t)
+        summary[name] = {
+            "ms_per_step": med * 1e3,
+            "ms_range": [min(t) * 1e3, max(t) * 1e3],
+            "speed_vs_base": statistics.median(ratios),
+            "speed_vs_base_range": [min(ratios), max(ratios)],
+            "first_epoch_s": r["first_epoch_s"],
+        }
+        s = summary[name]
+        rows.append(
+            [
+                name,
+                f"{s['ms_per_step']:.2f} ({s['ms_range'][0]:.2f}-{s['ms_range'][1]:.2f})",
+                f"{s['speed_vs_base']:.2f} ({min(ratios):.2f}-{max(ratios):.2f})",
+                f"{s['first_epoch_s']:.2f}",
+            ]
+        )
+    return rows, summary
 
 
 def main(quick=False):
-    rounds = 3 if quick else 7
-    x, y = _data(STEPS)
-    strategy = jd.MirroredStrategy([f"/cpu:{i}" for i in range(R)])
-    keras_dp = keras.distribution.DataParallel(devices=jax.devices()[:R])
-    loops = {
-        "fit_jaxdist": fit_loop(strategy.scope, x, y),
-        "custom_jaxdist": custom_loop(strategy, x, y),
-        "fit_keras_dataparallel": fit_loop(keras_dp.scope, x, y),
-    }
-    for fn in loops.values():  # compile
-        _time(fn)
-    times = {k: [] for k in loops}
-    names = list(loops)
-    for i in range(rounds):
-        for k in names if i % 2 else names[::-1]:
-            times[k].append(_time(loops[k]))
-    python = _tf_python()
-    if python:  # TF's fit: its own process after jaxdist's rounds (not interleaved with them)
-        times["fit_tf_keras_mirrored"] = [t / 1e3 for t in tf_keras_fit(python, rounds)]
-        names.append("fit_tf_keras_mirrored")
-    med = {k: statistics.median(v) for k, v in times.items()}
-    ratio = {
-        other: statistics.median(a / b for a, b in zip(times["fit_jaxdist"], times[other]))
-        for other in names[1:]
-    }
-    rows = [
-        [k, f"{med[k] * 1e3:.1f}", f"{1 / med[k]:.1f}", f"{ratio.get(k, 1.0):.2f}"] for k in names
-    ]
-    markdown = common.table(["loop", "ms/step", "steps/s", "fit_jaxdist time / this"], rows)
-    return {
-        "ms_per_step": {k: v * 1e3 for k, v in med.items()},
-        "ratio": ratio,
-        "markdown": markdown,
-    }
+    from benchmarks import common
+
+    rounds = 3 if quick else 5
+    results, parts = {}, []
+    header = ["loop", "ms/step median (range)", "{} time / this (range)", "first epoch s"]
+    for kind in MODELS:
+        out = group(kind, LOOPS, rounds)
+        rows, results[kind] = _rows(out, "fit_jaxdist")
+        h = header[:2] + [header[2].format("fit_jaxdist"), header[3]]
+        parts += [f"{kind} (8 simulated devices; one_device: 1), {rounds} rounds", ""]
+        parts += [common.table(h, rows), ""]
+    out = group("tiny", TINY, rounds)
+    rows, results["tiny"] = _rows(out, "tiny_plain")
+    h = header[:2] + [header[2].format("tiny_plain"), header[3]]
+    parts += [f"tiny Dense 16-16-4, batch 32, one CPU device, {rounds} rounds", ""]
+    parts += [common.table(h, rows), "", "Targets (issues 26 and 30):", ""]
+    parts += [common.table(["target", "measured", "met"], targets(results))]
+    return {"title": "bench_keras", **results, "markdown": "\n".join(parts)}
+
+
+def targets(results):
+    """The issues' targets against this run's figures: rows (target, measured, met)."""
+    rows = []
+
+    def row(text, value, ok):
+        rows.append([text, "n/a" if value is None else f"{value:.2f}", "n/a" if ok is None else ok])
+
+    for kind in MODELS:
+        r = results[kind]
+        dp = next(
+            (
+                r[k]
+                for k in (f"fit_keras_dataparallel_pool{2 * R}", "fit_keras_dataparallel")
+                if "aborted" not in r[k]
+            ),
+            None,
+        )
+        custom = r["custom_jaxdist"].get("speed_vs_base")
+        row(f"{kind}: fit time / custom loop time <= 1.1", custom, custom and custom <= 1.1)
+        speed = dp and dp["speed_vs_base"]
+        row(f"{kind}: DataParallel time / fit time >= 1", speed and 1 / speed, speed and speed <= 1)
+        first = dp and r["fit_jaxdist"]["first_epoch_s"] / dp["first_epoch_s"]
+        row(f"{kind}: first epoch / DataParallel's <= 1.5", first, first and first <= 1.5)
+    tiny = results["tiny"]["tiny_jaxdist_one_device"].get("speed_vs_base")
+    row("tiny: one-device scope speed / plain Keras >= 0.95", tiny, tiny and tiny >= 0.95)
+    return rows
 
 
 if __name__ == "__main__":
-    out = main(quick="--quick" in sys.argv)
-    print(out["markdown"])
+    if "--worker" in sys.argv:
+        i = sys.argv.index("--worker")
+        kind, how, spe, devices = sys.argv[i + 1 : i + 5]
+        worker(kind, how, int(spe), int(devices))
+    else:
+        print(main(quick="--quick" in sys.argv)["markdown"])

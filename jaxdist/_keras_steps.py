@@ -28,7 +28,12 @@ loops' `jaxdist._nn.div_no_nan`.
 
 One all-reduce per step carries gradients, metric updates and aggregated
 variables. The program is traced once per input signature (a full batch and a
-partial batch are two); `traces` counts it. Its dispatches stay under the
+partial batch are two; ``steps_per_execution`` full batches in one program a
+third); `traces` counts it. Batches of NumPy arrays that split evenly go to the
+program as they are, and ``steps_per_execution=k`` full batches run as one
+program (`jaxdist._keras_fused`); other batches are split by the strategy's
+`Placer`, and whole batches (``*_on_batch``) or several processes take the
+placed path (`StepFunction._placed_steps`). Its dispatches stay under the
 in-flight bound (`jaxdist._inflight`). With several workers, jaxdist traces no
 partial batch inside `jax.jit`: that step runs eagerly through ``strategy.run``
 (`StepFunction._eager`), on each worker's copy of the state.
@@ -50,8 +55,11 @@ import numpy as np
 from jaxdist import _inflight
 from jaxdist._default import get_replica_context
 from jaxdist._nn import div_no_nan
+from jaxdist._input_place import Placer
+from jaxdist._keras_fused import host_split, same_shapes, scan_steps
 from jaxdist._options import InputOptions
 from jaxdist._reduce_op import ReduceOp
+from jaxdist._values import from_stacked
 
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """model -> (the primaries of its per-replica variables, as last returned; all replicas' copies)."""
@@ -117,6 +125,15 @@ class StepFunction:
         self._returned: Any = None
         self._batches: Any = None
         self._jitted = jax.jit(self._program, static_argnums=3, donate_argnums=(0, 1))
+        replicas = strategy.extended.replicas
+        self._n = replicas.num
+        self._device = replicas.devices[0]
+        self._placer = Placer(replicas, True)
+        self._host_ok = not replicas.multi_process
+        rows = replicas.sharding if self._n > 1 else None
+        self._fast = jax.jit(
+            self._fast_program, donate_argnums=(0, 1), in_shardings=(None, None, rows)
+        )
 
     def model(self) -> Any:
         model = self.model_ref()
@@ -125,21 +142,52 @@ class StepFunction:
         return model
 
     def __call__(self, state: Any, iterator: Any) -> tuple[Any, Any]:
-        model = self.model()
+        k = max(1, int(self.model().steps_per_execution))
+        if _WHOLE_BATCH.get() or not self._host_ok:
+            with self.strategy.scope():
+                return self._placed_steps(state, iterator, k)
+        batches = []
+        for i in range(k):
+            try:
+                batches.append(next(iterator))
+            except StopIteration:
+                if i == 0:
+                    raise
+                break
+        split = [host_split(b, self._n, self._device) for b in batches]
+        raw = [x[0] for x in split if x is not None]
+        if k > 1 and len(raw) == k and same_shapes(raw):  # k steps, one program
+            out, state = self._run_fast(state, tuple(raw))
+            return out, state
         outputs = []
-        with self.strategy.scope():
-            for i in range(max(1, int(model.steps_per_execution))):
-                try:
-                    batch = self._next(iterator)
-                except StopIteration:
-                    if i == 0:
-                        raise
-                    break
-                out, state = self._one(state, batch)
-                outputs.append(out)
+        for batch, x in zip(batches, split):
+            if x is not None:
+                out, state = self._run_fast(state, (x[0],))
+            else:  # a partial batch (or leaves the host split does not take): the strategy's
+                out, state = self._one(state, self._placer.split(batch, "the Keras batch"))
+            outputs.append(out)
+        return self._last(outputs), state
+
+    def _placed_steps(self, state: Any, iterator: Any, k: int) -> tuple[Any, Any]:
+        """Steps on batches the strategy places (whole batches; several processes)."""
+        outputs = []
+        for i in range(k):
+            try:
+                batch = self._next(iterator)
+            except StopIteration:
+                if i == 0:
+                    raise
+                break
+            out, state = self._one(state, batch)
+            outputs.append(out)
+        return self._last(outputs), state
+
+    def _last(self, outputs: list) -> Any:
         if self.kind == "predict":
-            return jax.tree.map(lambda *xs: jnp.concatenate(xs), *outputs), state
-        return outputs[-1], state
+            if len(outputs) == 1:
+                return outputs[0]
+            return jax.tree.map(lambda *xs: jnp.concatenate(xs), *outputs)
+        return outputs[-1]
 
     def _next(self, iterator: Any) -> Any:
         if _WHOLE_BATCH.get():  # replicated: every replica reads the whole batch
@@ -152,8 +200,7 @@ class StepFunction:
         return next(self._batches)
 
     def _one(self, state: Any, batch: Any) -> tuple[Any, Any]:
-        if state is not self._returned:  # Keras' variables: some may have been built outside
-            state = jax.device_put(tuple(list(s) for s in state), self.layout.sharding)
+        state = self._own(state)
         copies = self._copies_for(state)
         args = (state, copies, batch, _WHOLE_BATCH.get())
         try:
@@ -164,9 +211,26 @@ class StepFunction:
             outputs, state, copies, _ = self._eager(*args)  # a partial batch across workers
         else:
             _inflight.throttle(marker, f"model.{self.kind}")
-        _COPIES[self.model()] = (tuple(state[1][i] for i in self.layout.own), copies)
+        return outputs, self._keep(state, copies)
+
+    def _run_fast(self, state: Any, batches: tuple) -> tuple[Any, Any]:
+        """Steps on host batches split by `host_split` (one or ``steps_per_execution``)."""
+        state = self._own(state)
+        outputs, state, copies, marker = self._fast(state, self._copies_for(state), batches)
+        if self._n > 1:  # one device: no collective to bound
+            _inflight.throttle(marker, f"model.{self.kind}")
+        return outputs, self._keep(state, copies)
+
+    def _own(self, state: Any) -> Any:
+        if state is not self._returned:  # Keras' variables: some may have been built outside
+            state = jax.device_put(tuple(list(s) for s in state), self.layout.sharding)
+        return state
+
+    def _keep(self, state: Any, copies: tuple) -> Any:
+        if self.layout.own:
+            _COPIES[self.model()] = (tuple(state[1][i] for i in self.layout.own), copies)
         self._returned = state
-        return outputs, state
+        return state
 
     def _copies_for(self, state: Any) -> tuple:
         own = self.layout.own
@@ -180,6 +244,20 @@ class StepFunction:
         self.traces += 1
         out = self.strategy.run(self._replica, args=(state, copies, batch))
         return (*self._combine(out, whole, self.layout.place), jnp.zeros(()))
+
+    def _fast_program(self, state: Any, copies: tuple, batches: tuple) -> tuple:
+        """``len(batches)`` steps on `host_split` batches, one program (`scan_steps`)."""
+        self.traces += 1
+        with self.strategy.scope():
+            concat, unroll = self.kind == "predict", self._device.platform == "cpu"
+            out = scan_steps(self._step, state, copies, batches, concat, unroll)
+        return (*out, jnp.zeros(()))
+
+    def _step(self, state: Any, copies: tuple, raw: Any) -> tuple:
+        batch = raw if self._n == 1 else jax.tree.map(from_stacked, raw)
+        out = self.strategy.run(self._replica, args=(state, copies, batch))
+        outputs, state, copies = self._combine(out, False, self.layout.place)
+        return outputs, tuple(list(s) for s in state), copies
 
     def _eager(self, state: Any, copies: tuple, batch: Any, whole: bool) -> tuple:
         """The step outside jax.jit, on this worker's copy of the state: a partial batch
