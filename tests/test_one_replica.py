@@ -253,3 +253,17 @@ def test_two_replicas_keep_their_all_reduce():
     jitted = jax.jit(lambda x: s.run(_collective_step, args=(x,))).lower(x).compile().as_text()
     assert "all-reduce" in jitted
 
+
+# -- a strategy over a GPU and the CPU ---------------------------------------------------------
+
+
+class _FakeGpu:
+    platform, id, process_index = "gpu", 0, 0
+
+
+def test_mixed_platforms_fail_at_construction_naming_them(monkeypatch):
+    fake = lambda p: [_FakeGpu()] if p == "gpu" else jax.devices(p)  # noqa: E731
+    monkeypatch.setattr("jaxdist._devices._platform_devices", fake)
+    with pytest.raises(ValueError, match=r"one platform; got cpu and gpu devices \(gpu:0, cpu:0\)"):
+        jd.MirroredStrategy(["/gpu:0", "/cpu:0"])
+    assert jd.MirroredStrategy(["/cpu:0", "/cpu:1"]).num_replicas_in_sync == 2
