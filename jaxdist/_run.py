@@ -192,9 +192,10 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
     """Runs ``fn`` on every replica of ``strategy`` (see the module docstring)."""
     _context.check_can_run(strategy)
     one = replicas.num == 1 and not replicas.multi_process
+    direct = one and not _compile.is_fake_pmap()  # the one-replica program
     leaves, treedef = jax.tree.flatten((tuple(args), dict(kwargs)), is_leaf=is_distributed)
     kinds = tuple(_classify(x, one) for x in leaves)
-    found = _arguments(leaves, kinds, replicas, one and not _compile.is_fake_pmap())
+    found = _arguments(leaves, kinds, replicas, direct)
     if found is None:
         return _ragged.run(strategy, replicas, cdo, fn, tuple(args), dict(kwargs))
     arrays, statics, sigs, stacked = found
@@ -204,14 +205,13 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
         arrays = [x.reshape(x.shape[1:]) if s else x for x, s in zip(arrays, stacked)]
         return _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays)
     key = (sig, sigs, program_key(strategy, cdo), replicas.devices, _compile.is_fake_pmap())
-    return _run_eager(strategy, replicas, cdo, fn, (sig, key, in_axes), arrays, stacked)
+    return _run_eager(strategy, replicas, cdo, fn, (sig, key, in_axes, direct), arrays, stacked)
 
 
 def _run_eager(strategy, replicas, cdo, fn, how: tuple, arrays: list, stacked: tuple) -> Any:
     """One cached program, dispatched once: `jax.pmap` over the replicas, or on one
     replica the `jaxdist._one_replica` program (no replica axis, no per-leaf work)."""
-    sig, key, in_axes = how
-    direct = replicas.num == 1 and not replicas.multi_process and not _compile.is_fake_pmap()
+    sig, key, in_axes, direct = how
     ids = [_compile.replica_ids(replicas, False)] if MAPPED not in sig[1] else []
     in_axes = (0,) * len(ids) + in_axes
 
@@ -231,15 +231,19 @@ def _run_eager(strategy, replicas, cdo, fn, how: tuple, arrays: list, stacked: t
     (program, info, staged), extra = _compile.steps.get(
         fn, key, build, lambda entry: entry[2].inputs(fn, place)
     )
-    what = f"strategy.run({describe(fn)})"
     state = lambda x: staged.output(fn, x)  # noqa: E731
     if not direct:
+        what = f"strategy.run({describe(fn)})"
         outs = _compile.dispatch(program, replicas, *ids, *arrays, *extra, what=what)
         return _wrap(info, outs, replicas.num, _first_row, arrays.__getitem__, state)
-    mask = (*stacked, *[False] * len(extra))
-    outs = _compile.dispatch(program, replicas, mask, *arrays, *extra, what=what)
+    # no collective in the program: nothing to bound in flight (see `jaxdist._inflight`)
+    outs = program((*stacked, *[False] * len(extra)), *arrays, *extra)
     arg = lambda i: _first_row(arrays[i]) if stacked[i] else arrays[i]  # noqa: E731
-    return _wrap(info, outs, 1, lambda a: a, arg, state)
+    return _wrap(info, outs, 1, _same, arg, state)
+
+
+def _same(a: Any) -> Any:
+    return a
 
 
 def program_key(strategy: Any, cdo: Any) -> Hashable:

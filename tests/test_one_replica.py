@@ -200,6 +200,9 @@ def test_an_eager_run_is_one_dispatch_whatever_the_leaf_count(
     real = internal("_compile").dispatch
     spy = lambda *a, **k: dispatched.append(1) or real(*a, **k)  # noqa: E731
     monkeypatch.setattr("jaxdist._compile.dispatch", spy)
+    one = internal("_one_replica").Program.__call__  # one replica: no in-flight bound
+    spy_one = lambda *a, **k: dispatched.append(1) or one(*a, **k)  # noqa: E731
+    monkeypatch.setattr("jaxdist._one_replica.Program.__call__", spy_one)
     before = eager_primitives()
     out = s.run(step, args=tuple(xs))
     assert eager_primitives() == before  # no per-leaf reshape, slice or stack
