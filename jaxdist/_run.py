@@ -92,6 +92,14 @@ def _one_component(leaf: Any, index: int, replicas: Replicas) -> tuple[Any, bool
 
 def _mapped(leaf: Any, replicas: Replicas, index: int) -> Any:
     """A distributed argument as an array stacked on the replicas, or None when ragged."""
+    data = stacked_array(leaf)
+    if (  # the common case, a value already in place: nothing to check or move
+        isinstance(data, jax.Array)
+        and not is_tracer(data)
+        and data.sharding is replicas.sharding
+        and data.shape[0] == replicas.num
+    ):
+        return data
     check_components(leaf, replicas, f"strategy.run (argument leaf {index})")
     x = stack_value(leaf, replicas)
     if x is None or is_tracer(x) or x.sharding is replicas.sharding:
