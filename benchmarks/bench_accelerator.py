@@ -8,7 +8,7 @@ One-replica rows run `MirroredStrategy([jax.devices()[0]])` against `jax.jit`; w
 devices the N-replica rows run `MirroredStrategy(jax.devices())` against `jax.pmap`. Neither
 side donates buffers. Each figure is the median of interleaved rounds (who goes first
 alternates), each round blocking on the result 4 calls back on both sides
-(`benchmarks.common.paired`). Writes ``accelerator.json`` and ``accelerator.md`` (device
+(`benchmarks.common.paired`). Writes ``<platform>-x<devices>.json`` and ``.md`` (device
 kind, device count, JAX version, the load average when it ran) to ``--out``.
 """
 
@@ -292,9 +292,10 @@ def main(argv=None):
     md += f"\n\nLoad average when run: {load}; {info['cpu_count']} CPUs. Neither side donates.\n"
     print(md)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "accelerator.json"), "w") as f:
+    stem = os.path.join(args.out, f"{info['platform']}-x{info['device_count']}")
+    with open(stem + ".json", "w") as f:
         json.dump({"meta": info, "rows": data}, f, indent=1, default=float)
-    with open(os.path.join(args.out, "accelerator.md"), "w") as f:
+    with open(stem + ".md", "w") as f:
         f.write(md)
     return {"title": "jaxdist vs raw JAX on jax.devices()", "markdown": md, "data": data}
 

@@ -34,7 +34,7 @@ def test_quick_mode_writes_every_row(tmp_path, devices):
     cmd += ["--cpu-devices", str(devices), "--out", str(tmp_path)]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads((tmp_path / "accelerator.json").read_text())
+    result = json.loads((tmp_path / f"cpu-x{devices}.json").read_text())
     names = list(result["rows"])
     expected = ONE_DEVICE_ROWS + (
         [f"2 replicas: eager run on {k} PerReplica leaves" for k in (1, 32, 200)]
@@ -49,5 +49,5 @@ def test_quick_mode_writes_every_row(tmp_path, devices):
     meta = result["meta"]
     assert meta["device_count"] == devices and meta["platform"] == "cpu"
     assert meta["jax"] and meta["device_kind"] and meta["quick"] is True
-    table = (tmp_path / "accelerator.md").read_text()
+    table = (tmp_path / f"cpu-x{devices}.md").read_text()
     assert all(name in table for name in names)
