@@ -26,13 +26,13 @@ import jax.numpy as jnp
 from jaxdist._devices import AXIS, Replicas
 
 
-def _stacked(x: Any) -> Any:
-    return jnp.expand_dims(jnp.asarray(x), 0)
-
-
 def vmapped(fn: Callable, in_axes: Sequence[int | None]) -> Callable:
     """``fn`` mapped over a replica axis of size one (`jax.pmap`'s calling convention:
     ``in_axes`` 0 for a stacked argument, None for a broadcast one; outputs stacked).
+
+    A broadcast argument stays unbatched, so what is computed from it alone is the
+    same program as without the map (no batch axis of size one through the dots), and
+    a collective of it over the one replica is the value itself.
 
     >>> import jax.numpy as jnp
     >>> from jax import lax
@@ -40,13 +40,7 @@ def vmapped(fn: Callable, in_axes: Sequence[int | None]) -> Callable:
     >>> f(jnp.ones((1, 2)), 3.0)[0].tolist()
     [[3.0, 3.0]]
     """
-    axes = tuple(in_axes)
-
-    def call(*args: Any) -> Any:
-        rows = [a if ax == 0 else _stacked(a) for a, ax in zip(args, axes)]
-        return jax.vmap(fn, axis_name=AXIS, axis_size=1)(*rows)
-
-    return call
+    return jax.vmap(fn, in_axes=tuple(in_axes), axis_name=AXIS, axis_size=1)
 
 
 def program(evaluate: Callable, replicas: Replicas) -> Program:

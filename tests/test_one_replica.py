@@ -6,7 +6,9 @@ Expected values come from the replica count (replica r holds r + 1) or from one
 device's plain JAX, never from jaxdist's own output.
 """
 
+import collections
 import importlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -270,3 +272,42 @@ def test_mixed_platforms_fail_at_construction_naming_them(monkeypatch):
     with pytest.raises(ValueError, match=r"one platform; got cpu and gpu devices \(gpu:0, cpu:0\)"):
         jd.MirroredStrategy(["/gpu:0", "/cpu:0"])
     assert jd.MirroredStrategy(["/cpu:0", "/cpu:1"]).num_replicas_in_sync == 2
+
+
+# -- the same program as raw JAX ------------------------------------------------------------------
+
+
+def _hlo_ops(text):
+    return collections.Counter(re.findall(r"= \S+ ([a-z][\w-]*)\(", text))
+
+
+def _loss(p, x):
+    return jnp.mean(jnp.tanh(x @ p["w1"]) @ p["w2"])
+
+
+def _raw_sgd(p, x):
+    g = jax.grad(_loss)(p, x)
+    return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+
+
+def _sgd(p, x):  # as a TF user writes it: the gradients all-reduced
+    g = jd.get_replica_context().all_reduce("MEAN", jax.grad(_loss)(p, x))
+    return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+
+
+@pytest.mark.parametrize("kind", ["mirrored", "one_device"])
+def test_a_one_replica_step_compiles_to_raw_jaxs_program(monkeypatch, kind):
+    """Eager and jitted, the one-replica step is the program `jax.jit` makes of the step
+    without the all-reduce: the same HLO operations, none added by the replica axis."""
+    s = make(kind, 1)
+    p = {"w1": jnp.ones((16, 32)) * 0.1, "w2": jnp.ones((32, 4)) * 0.1}
+    x = jnp.ones((8, 16))
+    raw = _hlo_ops(jax.jit(_raw_sgd).lower(p, x).compile().as_text())
+    jitted = jax.jit(lambda p, x: s.run(_sgd, args=(p, x))).lower(p, x).compile().as_text()
+    assert _hlo_ops(jitted) == raw
+    built = _programs(monkeypatch)
+    out = s.run(_sgd, args=(p, x))
+    eager = built[0].lower((False,) * 3, *jax.tree.leaves((p, x))).compile().as_text()
+    assert _hlo_ops(eager) == raw
+    for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(_raw_sgd(p, x))):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
