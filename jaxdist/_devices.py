@@ -99,6 +99,28 @@ def resolve_devices(specs: Any, arg: str = "devices") -> tuple[jax.Device, ...]:
     return devices
 
 
+def check_one_platform(devices: Sequence[Any], arg: str = "devices") -> None:
+    """Raises `ValueError` when ``devices`` span several platforms (a GPU and the CPU).
+
+    One replicated program runs on one platform: XLA compiles it for one backend, and
+    its collectives do not cross backends (TF accepts ``["/gpu:0", "/cpu:0"]`` and
+    copies between them; JAX fails later with "DeviceList contains non-IFRT devices").
+
+    >>> import jax
+    >>> check_one_platform(jax.devices("cpu")[:2])
+    """
+    platforms = sorted({d.platform for d in devices})
+    if len(platforms) > 1:
+        named = ", ".join(f"{d.platform}:{d.id}" for d in devices)
+        raise ValueError(
+            f"{arg} must all be on one platform; got {' and '.join(platforms)} devices "
+            f"({named}). A replicated step is one program for one platform, and JAX's "
+            "collectives do not span platforms. Give the devices of one platform (e.g. "
+            "every GPU), and move values between platforms outside the step "
+            "(jax.device_put)."
+        )
+
+
 def device_string(device: jax.Device) -> str:
     """The TF-style name of a device, e.g. ``/job:localhost/replica:0/task:0/device:CPU:3``."""
     same = [

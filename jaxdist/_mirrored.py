@@ -11,7 +11,13 @@ from jaxdist import _context
 from jaxdist._all_reduce import check_cross_device_ops
 from jaxdist._compat import StrategyV1
 from jaxdist._cross_device_ops import CrossDeviceOps, ReductionToOneDevice
-from jaxdist._devices import Replicas, local_devices, resolve_device, resolve_devices
+from jaxdist._devices import (
+    Replicas,
+    check_one_platform,
+    local_devices,
+    resolve_device,
+    resolve_devices,
+)
 from jaxdist._extended import StrategyExtended
 from jaxdist._host import maybe_tune
 from jaxdist._validate import check_callable
@@ -44,6 +50,10 @@ class MirroredStrategy(StrategyV1):
         devices: device strings (``"/cpu:0"``, ``"/device:GPU:1"``, ...) or
             `jax.Device` objects; None: every local device of the default backend.
         cross_device_ops: a `CrossDeviceOps` instance; None: `NcclAllReduce()`.
+
+    Raises:
+        ValueError: ``devices`` name no device here, repeat one, or span several
+            platforms (``["/gpu:0", "/cpu:0"]``: one replicated program runs on one).
     """
 
     def __init__(
@@ -52,6 +62,7 @@ class MirroredStrategy(StrategyV1):
         cross_device_ops: CrossDeviceOps | None = None,
     ) -> None:
         resolved = resolve_devices(local_devices() if devices is None else devices)
+        check_one_platform(resolved)
         cdo = check_cross_device_ops(cross_device_ops)
         super().__init__(StrategyExtended(self, Replicas.of(resolved), cdo))
         maybe_tune(resolved)

@@ -11,9 +11,13 @@ Two paths share one step body:
 
 * eager (no JAX trace active): the pmapped step is cached weakly on ``fn`` (one
   entry per argument signature = one trace), and dispatched through
-  `jaxdist._compile.dispatch` (within the in-flight bound);
+  `jaxdist._compile.dispatch` (within the in-flight bound); on one replica the step
+  is compiled without a replica axis instead (`jaxdist._one_replica`): one dispatch
+  whose outputs are already the plain arrays TF gives there, with no eager op per
+  leaf (a distributed argument enters as its stacked array, unstacked inside);
 * traced (inside `jax.jit`, a `lax` loop or any other trace): the step is
-  pmapped afresh and called inline, so the user's trace owns it and nothing
+  pmapped afresh (on one replica: vmapped over an axis of size one, so no
+  collective is left) and called inline, so the user's trace owns it and nothing
   about the trace (no tracer) is kept anywhere.
 
 Ragged inputs (a partial batch) go to `jaxdist._ragged`.
@@ -28,14 +32,15 @@ import jax
 import numpy as np
 from jax import lax
 
-from jaxdist import _compile, _context, _ragged
+from jaxdist import _compile, _context, _one_replica, _ragged
 from jaxdist._devices import AXIS, Replicas
 from jaxdist._layout import is_tracer, shard_rows
 from jaxdist._replica_context import compiled_collectives, make_replica_context
 from jaxdist._stage import Staged, example
 from jaxdist._validate import describe, hashable_arg, is_number
-from jaxdist._values import check_components, from_stacked, is_distributed
+from jaxdist._values import check_components, from_stacked, is_distributed, parts
 from jaxdist._values import stack as stack_value
+from jaxdist._values import stacked as stacked_array
 
 MAPPED, BROADCAST, STATIC = "m", "b", "s"
 
@@ -48,9 +53,11 @@ def _classify(leaf: Any, one: bool) -> str:
     return STATIC
 
 
-def _signature(x: Any) -> Hashable:
+def _signature(x: Any, stacked: bool = False) -> Hashable:
+    """What of an argument decides its trace (a stacked one: of its one row)."""
     if isinstance(x, jax.Array):
-        return (x.shape, x.dtype, getattr(x, "weak_type", False))  # typed keys have none
+        shape = x.shape[1:] if stacked else x.shape
+        return (shape, x.dtype, getattr(x, "weak_type", False))  # typed keys have none
     if isinstance(x, np.ndarray):
         return (x.shape, x.dtype)
     return type(x).__name__
@@ -70,8 +77,29 @@ def _plain(leaf: Any, index: int, replicas: Replicas) -> Any:
     return x.reshape(x.shape[1:])
 
 
+def _one_component(leaf: Any, index: int, replicas: Replicas) -> tuple[Any, bool]:
+    """A distributed argument on one replica: its component, or its stacked array (True)
+    for the one-replica program to unstack (no eager op either way)."""
+    check_components(leaf, replicas, f"strategy.run (argument leaf {index})")
+    held = parts(leaf)
+    if held is not None and isinstance(held[0], jax.Array):
+        return held[0], False
+    data = stacked_array(leaf)
+    if isinstance(data, jax.Array) and not is_tracer(data):
+        return data, True
+    return _plain(leaf, index, replicas), False
+
+
 def _mapped(leaf: Any, replicas: Replicas, index: int) -> Any:
     """A distributed argument as an array stacked on the replicas, or None when ragged."""
+    data = stacked_array(leaf)
+    if (  # the common case, a value already in place: nothing to check or move
+        isinstance(data, jax.Array)
+        and not is_tracer(data)
+        and data.sharding is replicas.sharding
+        and data.shape[0] == replicas.num
+    ):
+        return data
     check_components(leaf, replicas, f"strategy.run (argument leaf {index})")
     x = stack_value(leaf, replicas)
     if x is None or is_tracer(x) or x.sharding is replicas.sharding:
@@ -120,60 +148,90 @@ def make_body(strategy: Any, cdo: Any, n: int, get_fn: Callable, sig: tuple, inf
     return body
 
 
-def _wrap(info: dict, outs: list, n: int, in_trace: bool, arrays: list, state: Any = None) -> Any:
+def _wrap(info: dict, outs: list, n: int, row: Callable, arg: Callable, state: Any = None) -> Any:
     """The step's outputs: stacked leaves as `PerReplica` (plain for one replica).
 
-    ``state`` (eager) gives an untraced output as the step's state holds it now.
+    ``row`` gives one replica's value of a stacked output, ``arg`` the argument array
+    of an index (an argument returned as it is); ``state`` (eager) gives an untraced
+    output as the step's state holds it now.
     """
     it = iter(outs)
     leaves = []
     for kind, what in info["layout"]:
-        if kind in ("const", "arg"):
-            if kind == "arg":
-                leaves.append(arrays[what])
-            else:
-                leaves.append(what if state is None else state(what))
-            continue
-        a = next(it)
-        if n == 1 or what:  # one replica, or a merge_call result: one value
-            leaves.append(a[0] if in_trace else shard_rows(a)[0])
+        if kind == "arg":
+            leaves.append(arg(what))
+        elif kind == "const":
+            leaves.append(what if state is None else state(what))
+        elif n == 1 or what:  # one replica, or a merge_call result: one value
+            leaves.append(row(next(it)))
         else:
-            leaves.append(from_stacked(a))
+            leaves.append(from_stacked(next(it)))
     return jax.tree.unflatten(info["treedef"], leaves)
+
+
+def _first_row(a: Any) -> Any:
+    return shard_rows(a)[0]
+
+
+def _arguments(leaves: list, kinds: tuple, replicas: Replicas, one: bool) -> tuple | None:
+    """The dynamic arguments, the static keys, the signatures and which arguments are
+    stacked one-replica values (None when ragged)."""
+    arrays, statics, sigs, stacked = [], [], [], []
+    for i, (kind, leaf) in enumerate(zip(kinds, leaves)):
+        if kind == STATIC:
+            statics.append(_static_key(leaf, i))
+            continue
+        is_stacked = False
+        if kind == MAPPED:
+            x = _mapped(leaf, replicas, i)
+        elif one and is_distributed(leaf):
+            x, is_stacked = _one_component(leaf, i, replicas)
+        else:
+            x = _plain(leaf, i, replicas)
+        if x is None:
+            return None
+        arrays.append(x)
+        stacked.append(is_stacked)
+        sigs.append(_signature(x, is_stacked))
+    return arrays, tuple(statics), tuple(sigs), tuple(stacked)
 
 
 def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, kwargs: dict):
     """Runs ``fn`` on every replica of ``strategy`` (see the module docstring)."""
     _context.check_can_run(strategy)
     one = replicas.num == 1 and not replicas.multi_process
+    direct = one and not _compile.is_fake_pmap()  # the one-replica program
     leaves, treedef = jax.tree.flatten((tuple(args), dict(kwargs)), is_leaf=is_distributed)
     kinds = tuple(_classify(x, one) for x in leaves)
-    arrays, statics, sigs = [], [], []
-    for i, (kind, leaf) in enumerate(zip(kinds, leaves)):
-        if kind == STATIC:
-            statics.append(_static_key(leaf, i))
-            continue
-        x = _mapped(leaf, replicas, i) if kind == MAPPED else _plain(leaf, i, replicas)
-        if x is None:
-            return _ragged.run(strategy, replicas, cdo, fn, tuple(args), dict(kwargs))
-        arrays.append(x)
-        sigs.append(_signature(x))
-    sig = (treedef, kinds, tuple(statics))
+    found = _arguments(leaves, kinds, replicas, direct)
+    if found is None:
+        return _ragged.run(strategy, replicas, cdo, fn, tuple(args), dict(kwargs))
+    arrays, statics, sigs, stacked = found
+    sig = (treedef, kinds, statics)
     in_axes = tuple(0 if k == MAPPED else None for k in kinds if k != STATIC)
     if _compile.tracing() or any(is_tracer(x) for x in arrays):
+        arrays = [x.reshape(x.shape[1:]) if s else x for x, s in zip(arrays, stacked)]
         return _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays)
-    key = (sig, tuple(sigs), program_key(strategy, cdo), replicas.devices, _compile.is_fake_pmap())
-    if MAPPED not in kinds:
-        in_axes = (0, *in_axes)
-    ids = [_compile.replica_ids(replicas, False)] if MAPPED not in kinds else []
+    key = (sig, sigs, program_key(strategy, cdo), replicas.devices, _compile.is_fake_pmap())
+    return _run_eager(strategy, replicas, cdo, fn, (sig, key, in_axes, direct), arrays, stacked)
+
+
+def _run_eager(strategy, replicas, cdo, fn, how: tuple, arrays: list, stacked: tuple) -> Any:
+    """One cached program, dispatched once: `jax.pmap` over the replicas, or on one
+    replica the `jaxdist._one_replica` program (no replica axis, no per-leaf work)."""
+    sig, key, in_axes, direct = how
+    ids = [_compile.replica_ids(replicas, False)] if MAPPED not in sig[1] else []
+    in_axes = (0,) * len(ids) + in_axes
 
     def build() -> tuple:
         info: dict = {}
         body = make_body(strategy, cdo, replicas.num, _compile.weak_callable(fn), sig, info)
-        examples = [example(x, ax == 0) for x, ax in zip([*ids, *arrays], in_axes)]
-        staged = Staged(
-            fn, body, examples, [(AXIS, replicas.num)], lambda: [x for _, x in info["layout"]]
-        )
+        rows = [ax == 0 or s for ax, s in zip(in_axes, (False,) * len(ids) + stacked)]
+        examples = [example(x, r) for x, r in zip([*ids, *arrays], rows)]
+        outputs = lambda: [x for _, x in info["layout"]]  # noqa: E731
+        staged = Staged(fn, body, examples, [(AXIS, replicas.num)], outputs)
+        if direct:
+            return _one_replica.program(staged.evaluate, replicas), info, staged
         axes = (*in_axes, *[None] * staged.num_inputs)
         return _compile.pmap(staged.evaluate, replicas, axes), info, staged
 
@@ -181,9 +239,19 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
     (program, info, staged), extra = _compile.steps.get(
         fn, key, build, lambda entry: entry[2].inputs(fn, place)
     )
-    what = f"strategy.run({describe(fn)})"
-    outs = _compile.dispatch(program, replicas, *ids, *arrays, *extra, what=what)
-    return _wrap(info, outs, replicas.num, False, arrays, lambda x: staged.output(fn, x))
+    state = lambda x: staged.output(fn, x)  # noqa: E731
+    if not direct:
+        what = f"strategy.run({describe(fn)})"
+        outs = _compile.dispatch(program, replicas, *ids, *arrays, *extra, what=what)
+        return _wrap(info, outs, replicas.num, _first_row, arrays.__getitem__, state)
+    # no collective in the program: nothing to bound in flight (see `jaxdist._inflight`)
+    outs = program((*stacked, *[False] * len(extra)), *arrays, *extra)
+    arg = lambda i: _first_row(arrays[i]) if stacked[i] else arrays[i]  # noqa: E731
+    return _wrap(info, outs, 1, _same, arg, state)
+
+
+def _same(a: Any) -> Any:
+    return a
 
 
 def program_key(strategy: Any, cdo: Any) -> Hashable:
@@ -205,5 +273,8 @@ def _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays) -> Any:
     if MAPPED not in sig[1]:  # a pmap needs one mapped argument
         call_axes, call_args = (0, *in_axes), [_compile.replica_ids(replicas, True), *arrays]
     mapped = _compile.spmd if replicas.multi_process else _compile.pmap
-    outs = mapped(body, replicas, tuple(call_axes))(*call_args)
-    return _wrap(info, outs, replicas.num, True, arrays)
+    if replicas.num == 1 and not replicas.multi_process and not _compile.is_fake_pmap():
+        outs = _one_replica.vmapped(body, call_axes)(*call_args)
+    else:
+        outs = mapped(body, replicas, tuple(call_axes))(*call_args)
+    return _wrap(info, outs, replicas.num, lambda a: a[0], arrays.__getitem__)

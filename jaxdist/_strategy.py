@@ -15,9 +15,10 @@ import jax
 from jaxdist import _context, _input, _reduce, _run
 from jaxdist._extended import StrategyExtended
 from jaxdist._input import DistributedDataset, InputContext
+from jaxdist._layout import as_array, is_array
 from jaxdist._options import InputOptions, RunOptions
 from jaxdist._reduce_op import ReduceOp, parse_reduce_op
-from jaxdist._validate import check_axis, check_callable, check_fn_args, check_optional
+from jaxdist._validate import check_axis, check_callable, check_fn_args, check_optional, is_number
 from jaxdist._values import (
     ValueContext,
     check_components,
@@ -187,6 +188,12 @@ class Strategy:
         workers ``value_fn`` is called for this worker's replicas only, with their
         global replica ids (as TF).
 
+        With one replica the value comes back as is, its arrays committed to the
+        replica's device: the form `run` gives on one replica (TF unwraps one replica's
+        results there, and wraps this one; jaxdist gives both one form, so a
+        ``lax.fori_loop`` carry that starts here keeps its structure through `run`,
+        and a jitted step sees one signature from its first call on).
+
         >>> import jaxdist as jd
         >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
         >>> v = s.experimental_distribute_values_from_function(
@@ -199,6 +206,10 @@ class Strategy:
         check_callable(value_fn, "value_fn")
         placement = self._extended.placement
         n = self.num_replicas_in_sync
+        if n == 1 and not placement.multi_process:
+            return jax.tree.map(
+                lambda x: _on_device(x, placement.first_device), value_fn(ValueContext(0, 1))
+            )
         outs = [value_fn(ValueContext(i, n)) for i in placement.local]
         return regroup(outs, "value_fn", lambda parts: combine_parts(parts, placement))
 
@@ -265,3 +276,11 @@ class Strategy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(devices={list(self._extended.replicas.strings())})"
+
+
+def _on_device(x: Any, device: jax.Device) -> Any:
+    """One replica's value from ``value_fn``: arrays and numbers as arrays committed to
+    ``device`` (as with several replicas), anything else as it is."""
+    if is_array(x) or is_number(x):
+        return jax.device_put(as_array(x), device)
+    return x

@@ -83,8 +83,10 @@ def dev_required() -> bool:
 
 
 def devices_of(value) -> tuple:
-    """The device of each component of a distributed value, in replica order (public API)."""
-    return tuple(next(iter(x.devices())) for x in value.values)
+    """The device of each component of a distributed value, in replica order (public API;
+    a plain array, as one replica gives, is its one component)."""
+    values = value.values if isinstance(value, jd.DistributedValues) else (value,)
+    return tuple(next(iter(x.devices())) for x in values)
 
 
 def pytest_report_header(config):

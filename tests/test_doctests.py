@@ -25,7 +25,6 @@ NO_EXAMPLES = {
     "jaxdist._cluster_config",
     "jaxdist._cluster_guard",  # needs a running cluster: tests/test_multi_worker.py
     "jaxdist._context",
-    "jaxdist._devices",
     "jaxdist._distributed",
     "jaxdist._input_place",
     "jaxdist._layout",

@@ -1,0 +1,313 @@
+"""One replica as a first-class topology (issue 30): the README's patterns at 1, 2, 3, 4
+and 8 replicas (the `lax.fori_loop` carry included), one dispatch per eager `run`
+whatever the number of leaves, and no collective left in a one-replica program.
+
+Expected values come from the replica count (replica r holds r + 1) or from one
+device's plain JAX, never from jaxdist's own output.
+"""
+
+import collections
+import importlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax._src import dispatch as jax_dispatch
+
+import jaxdist as jd
+
+COUNTS = [1, 2, 3, 4, 8]
+
+
+def internal(name):
+    """A jaxdist module this file spies on (how many programs run, what they compile to)."""
+    return importlib.import_module(f"jaxdist.{name}")
+
+
+def make(kind, n):
+    if kind == "one_device":
+        return jd.OneDeviceStrategy("/cpu:0")
+    return jd.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+
+
+CASES = [("mirrored", n) for n in COUNTS] + [("one_device", 1)]
+IDS = [f"{k}{n}" for k, n in CASES]
+
+
+def plus_one(strategy):
+    """Replica r holds [r + 1, r + 1, r + 1]."""
+    return strategy.experimental_distribute_values_from_function(
+        lambda c: jnp.full(3, c.replica_id_in_sync_group + 1.0)
+    )
+
+
+def rows(strategy, value):
+    return [np.asarray(x).tolist() for x in strategy.experimental_local_results(value)]
+
+
+def check_form(strategy, value, like):
+    """One replica: a plain array (TF's unwrapping); several: a PerReplica. Either way
+    the structure the loop started with."""
+    n = strategy.num_replicas_in_sync
+    assert jax.tree.structure(value) == jax.tree.structure(like)
+    if n == 1:
+        assert isinstance(value, jax.Array) and not isinstance(value, jd.DistributedValues)
+    else:
+        assert type(value) is jd.PerReplica
+
+
+# -- the fori_loop carry and the other README patterns -------------------------------------
+
+
+@pytest.mark.parametrize("kind,n", CASES, ids=IDS)
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager_loop", "jit"])
+def test_fori_loop_carry_from_values_from_function(kind, n, jitted):
+    s = make(kind, n)
+    v0 = plus_one(s)
+
+    def loop(v):
+        return lax.fori_loop(0, 3, lambda i, v: s.run(lambda x: x * 2, args=(v,)), v)
+
+    out = (jax.jit(loop) if jitted else loop)(v0)
+    check_form(s, out, v0)
+    assert rows(s, out) == [[8.0 * (r + 1)] * 3 for r in range(n)]
+
+
+@pytest.mark.parametrize("kind,n", CASES, ids=IDS)
+def test_scan_while_and_cond_carries_with_collectives(kind, n):
+    s = make(kind, n)
+    v0 = plus_one(s)
+
+    def step(x):  # adds the replica count
+        return x + jd.get_replica_context().all_reduce("SUM", jnp.ones_like(x))
+
+    def body(v, _):
+        return s.run(step, args=(v,)), None
+
+    scanned, _ = jax.jit(lambda v: lax.scan(body, v, None, length=2))(v0)
+    looped = lax.while_loop(
+        lambda c: c[0] < 2, lambda c: (c[0] + 1, s.run(step, args=(c[1],))), (0, v0)
+    )[1]
+    chosen = lax.cond(True, lambda v: s.run(step, args=(v,)), lambda v: v, v0)
+    for out, steps in ((scanned, 2), (looped, 2), (chosen, 1)):
+        check_form(s, out, v0)
+        assert rows(s, out) == [[r + 1.0 + n * steps] * 3 for r in range(n)]
+
+
+@pytest.mark.parametrize("kind,n", CASES, ids=IDS)
+def test_readme_training_loop_compiles_once_and_matches_one_device(kind, n):
+    """The README's 15-line loop, jitted, against the whole batch on one device."""
+    s = make(kind, n)
+    data = [np.random.default_rng(i).random((24, 4), np.float32) for i in range(3)]
+
+    def step(w, x):
+        loss, grad = jax.value_and_grad(
+            lambda w: jd.nn.compute_average_loss((x @ w - 1.0) ** 2, global_batch_size=24)
+        )(w)
+        return w - 0.1 * jd.get_replica_context().all_reduce("SUM", grad), loss
+
+    traces = []
+
+    @jax.jit
+    def train(w, x):
+        traces.append(1)
+        w, loss = s.run(step, args=(w, x))
+        return w, s.reduce("SUM", loss, axis=None)
+
+    w = s.experimental_distribute_values_from_function(lambda c: jnp.zeros(4))
+    w_ref = jnp.zeros(4)
+    for x in s.experimental_distribute_dataset(data):
+        w, total = train(w, x)
+    for x in data:
+        loss, grad = jax.value_and_grad(lambda w, x=x: jnp.mean((x @ w - 1.0) ** 2))(w_ref)
+        w_ref = w_ref - 0.1 * grad
+    assert len(traces) == 1  # one signature from the first call on
+    check_form(s, w, jnp.zeros(4) if n == 1 else plus_one(s))
+    for got in s.experimental_local_results(w):
+        np.testing.assert_allclose(got, w_ref, rtol=1e-5)
+    np.testing.assert_allclose(total, loss, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["mirrored", "one_device"])
+def test_one_replica_values_are_plain_arrays_on_the_device(kind):
+    s = make(kind, 1) if kind == "mirrored" else jd.OneDeviceStrategy("/cpu:3")
+    device = s.extended.replicas.devices[0]
+    v = s.experimental_distribute_values_from_function(lambda c: {"w": jnp.ones(2), "n": 3.0})
+    if kind == "mirrored":  # numbers become arrays there, as with several replicas
+        assert isinstance(v["n"], jax.Array) and float(v["n"]) == 3.0
+    assert v["w"].devices() == {device} and v["w"].committed
+    out = s.run(lambda w: w + 1, args=(v["w"],))
+    assert out.devices() == {device} and out.tolist() == [2.0, 2.0]
+
+
+def test_one_device_strategy_takes_arguments_committed_elsewhere():
+    s = jd.OneDeviceStrategy("/cpu:3")
+    x = jax.device_put(jnp.arange(3.0), jax.devices()[0])  # committed to cpu:0
+    out = s.run(lambda x: x * 2, args=(x,))
+    assert out.tolist() == [0.0, 2.0, 4.0] and out.devices() == {jax.devices()[3]}
+
+
+@pytest.mark.parametrize("kind", ["mirrored", "one_device"])
+def test_a_per_replica_and_a_plain_argument_share_one_trace(kind):
+    s = make(kind, 1)
+    stacked = jd.PerReplica.from_stacked(jnp.ones((1, 2)))
+    parts = jd.PerReplica((jnp.full(2, 3.0, jnp.float32),))
+
+    def step(x):
+        return x * 2
+
+    got = [s.run(step, args=(a,)) for a in (stacked, parts, jnp.full(2, 5.0, jnp.float32))]
+    assert [g.tolist() for g in got] == [[2.0, 2.0], [6.0, 6.0], [10.0, 10.0]]
+    assert all(isinstance(g, jax.Array) for g in got)
+    assert jd.experimental.step_count(step) == 1
+    same = s.run(lambda x: x, args=(stacked,))  # returned as it is: the one row
+    assert same.shape == (2,) and same.tolist() == [1.0, 1.0]
+
+
+# -- one dispatch per eager call -------------------------------------------------------------
+
+
+def eager_primitives():
+    """How many single primitives JAX has dispatched eagerly so far (each `reshape` or
+    slice of a concrete array outside a compiled program is one)."""
+    info = jax_dispatch.xla_primitive_callable.cache_info()
+    return info.hits + info.misses
+
+
+@pytest.mark.parametrize("n", [1, 8])
+@pytest.mark.parametrize("leaves", [1, 8, 32, 200])
+@pytest.mark.parametrize("distributed_args", [False, True])
+def test_an_eager_run_is_one_dispatch_whatever_the_leaf_count(
+    monkeypatch, n, leaves, distributed_args
+):
+    s = make("mirrored", n)
+    if distributed_args:
+        xs = s.experimental_distribute_values_from_function(
+            lambda c: [jnp.full(2, float(i)) for i in range(leaves)]
+        )
+        if n == 1:  # a PerReplica on one replica: its stacked array goes in as it is
+            xs = [jd.PerReplica.from_stacked(x[None]) for x in xs]
+    else:
+        xs = [jnp.full(2, float(i)) for i in range(leaves)]
+
+    def step(*xs):
+        ctx = jd.get_replica_context()
+        return [x * 2 + ctx.all_reduce("SUM", x) for x in xs]
+
+    s.run(step, args=tuple(xs))  # compiles
+    dispatched = []
+    real = internal("_compile").dispatch
+    spy = lambda *a, **k: dispatched.append(1) or real(*a, **k)  # noqa: E731
+    monkeypatch.setattr("jaxdist._compile.dispatch", spy)
+    one = internal("_one_replica").Program.__call__  # one replica: no in-flight bound
+    spy_one = lambda *a, **k: dispatched.append(1) or one(*a, **k)  # noqa: E731
+    monkeypatch.setattr("jaxdist._one_replica.Program.__call__", spy_one)
+    before = eager_primitives()
+    out = s.run(step, args=tuple(xs))
+    assert eager_primitives() == before  # no per-leaf reshape, slice or stack
+    assert len(dispatched) == 1
+    assert len(out) == leaves
+    last = rows(s, out[-1])
+    i = leaves - 1
+    assert last == [[2.0 * i + n * i] * 2] * n
+
+
+def _programs(monkeypatch):
+    built = []
+    real = internal("_one_replica").program
+
+    def record(evaluate, replicas):
+        program = real(evaluate, replicas)
+        built.append(program)
+        return program
+
+    monkeypatch.setattr("jaxdist._one_replica.program", record)
+    return built
+
+
+COLLECTIVE_OPS = ("all-reduce", "all-gather", "collective-permute", "all-to-all")
+
+
+def _collective_step(x):
+    ctx = jd.get_replica_context()
+    merged = ctx.merge_call(lambda strategy, v: strategy.reduce("SUM", v, axis=None), args=(x,))
+    return ctx.all_reduce("SUM", x), ctx.all_gather(x, axis=0), ctx.all_reduce("MEAN", x), merged
+
+
+@pytest.mark.parametrize("kind", ["mirrored", "one_device"])
+def test_a_one_replica_program_has_no_collective(monkeypatch, kind):
+    s = make(kind, 1)
+    built = _programs(monkeypatch)
+    x = jnp.arange(3.0)
+    eager = s.run(_collective_step, args=(x,))
+    assert [np.asarray(a).tolist() for a in eager] == [[0.0, 1.0, 2.0]] * 4
+    assert len(built) == 1
+    hlo = built[0].lower((False,), x).compile().as_text()
+    assert not [op for op in COLLECTIVE_OPS if op in hlo], hlo
+    jitted = jax.jit(lambda x: s.run(_collective_step, args=(x,))).lower(x).compile().as_text()
+    assert not [op for op in COLLECTIVE_OPS if op in jitted], jitted
+
+
+def test_two_replicas_keep_their_all_reduce():
+    """The check above can fail: two replicas' program does all-reduce."""
+    s = make("mirrored", 2)
+    x = jnp.arange(3.0)
+    jitted = jax.jit(lambda x: s.run(_collective_step, args=(x,))).lower(x).compile().as_text()
+    assert "all-reduce" in jitted
+
+
+# -- a strategy over a GPU and the CPU ---------------------------------------------------------
+
+
+class _FakeGpu:
+    platform, id, process_index = "gpu", 0, 0
+
+
+def test_mixed_platforms_fail_at_construction_naming_them(monkeypatch):
+    fake = lambda p: [_FakeGpu()] if p == "gpu" else jax.devices(p)  # noqa: E731
+    monkeypatch.setattr("jaxdist._devices._platform_devices", fake)
+    with pytest.raises(ValueError, match=r"one platform; got cpu and gpu devices \(gpu:0, cpu:0\)"):
+        jd.MirroredStrategy(["/gpu:0", "/cpu:0"])
+    assert jd.MirroredStrategy(["/cpu:0", "/cpu:1"]).num_replicas_in_sync == 2
+
+
+# -- the same program as raw JAX ------------------------------------------------------------------
+
+
+def _hlo_ops(text):
+    return collections.Counter(re.findall(r"= \S+ ([a-z][\w-]*)\(", text))
+
+
+def _loss(p, x):
+    return jnp.mean(jnp.tanh(x @ p["w1"]) @ p["w2"])
+
+
+def _raw_sgd(p, x):
+    g = jax.grad(_loss)(p, x)
+    return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+
+
+def _sgd(p, x):  # as a TF user writes it: the gradients all-reduced
+    g = jd.get_replica_context().all_reduce("MEAN", jax.grad(_loss)(p, x))
+    return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+
+
+@pytest.mark.parametrize("kind", ["mirrored", "one_device"])
+def test_a_one_replica_step_compiles_to_raw_jaxs_program(monkeypatch, kind):
+    """Eager and jitted, the one-replica step is the program `jax.jit` makes of the step
+    without the all-reduce: the same HLO operations, none added by the replica axis."""
+    s = make(kind, 1)
+    p = {"w1": jnp.ones((16, 32)) * 0.1, "w2": jnp.ones((32, 4)) * 0.1}
+    x = jnp.ones((8, 16))
+    raw = _hlo_ops(jax.jit(_raw_sgd).lower(p, x).compile().as_text())
+    jitted = jax.jit(lambda p, x: s.run(_sgd, args=(p, x))).lower(p, x).compile().as_text()
+    assert _hlo_ops(jitted) == raw
+    built = _programs(monkeypatch)
+    out = s.run(_sgd, args=(p, x))
+    eager = built[0].lower((False,) * 3, *jax.tree.leaves((p, x))).compile().as_text()
+    assert _hlo_ops(eager) == raw
+    for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(_raw_sgd(p, x))):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
