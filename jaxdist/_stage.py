@@ -41,6 +41,25 @@ def _is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray)) and not is_tracer(x)
 
 
+def _check_not_stacked(fn: Callable, chains: list, consts: list) -> None:
+    """Raises where the step read a distributed value's stacked array (all replicas'
+    components: ``jax.tree`` over a `PerReplica` kept on ``self``) as its own."""
+    for chain, const in zip(chains, consts):
+        if chain is None:
+            continue
+        for k, (kind, _) in enumerate(chain):
+            if kind == "stacked":
+                where = _watch.describe(fn, chain[:k])
+                raise RuntimeError(
+                    f"The step {describe(fn)} read {where}, a distributed value (one component "
+                    f"per replica), as the array of all its components (shape "
+                    f"{tuple(np.shape(const))}): a step sees only its own replica's component. "
+                    f"Pass it to strategy.run as an argument (strategy.run(step, args=({where}, "
+                    "...))), which gives each replica its component, or store a value that is "
+                    "the same on every replica (strategy.reduce) on the object."
+                )
+
+
 class Staged:
     """``body`` traced once on ``examples``; what it read from ``fn``'s state is an input.
 
@@ -79,6 +98,7 @@ class Staged:
         out_consts = [x for x in outputs() if _is_array(x)]
         found = _capture.locate_all(fn, consts + out_consts) if consts or out_consts else []
         chains = [c[0] if c else None for c in found]
+        _check_not_stacked(fn, chains[: len(consts)], consts)
         lifted = [(i, c) for i, c in enumerate(chains[: len(consts)]) if c is not None]
         self._lifted = [(i, c, np.shape(consts[i]), consts[i].dtype) for i, c in lifted]
         # one array read under two names was traced as one: valid while they hold one array
