@@ -166,7 +166,9 @@ def _class_data(cls: type, own: dict | None = None) -> Iterator[tuple[tuple, Any
 def _expandable(obj: Any) -> bool:
     if isinstance(obj, types.ModuleType):
         return _user_module(obj)
-    return not isinstance(obj, _OPAQUE) and not isinstance(obj, (jax.Array, np.ndarray))
+    if isinstance(obj, np.ndarray):
+        return obj.dtype == object  # an object array's elements (arrays, objects)
+    return not isinstance(obj, _OPAQUE) and not isinstance(obj, jax.Array)
 
 
 def _user_module(module: types.ModuleType) -> bool:
@@ -230,12 +232,13 @@ def locate(fn: Callable, targets: list) -> list[Chain | None]:
     return [c[0] if c else None for c in locate_all(fn, targets)]
 
 
-def locate_all(fn: Callable, targets: list) -> list[list[Chain]]:
+def locate_all(fn: Callable, targets: list, limits: dict | None = None) -> list[list[Chain]]:
     """For each array of ``targets``, the chains from ``fn`` to it whose names the code
     uses, the best first (`locate`'s); one chain reaching it under names the code does
     not use when there is no other. Two chains mean one array read under two names
     (``self.w = self.ema = w``): the trace read it once, so it is valid only while both
-    names still hold one array."""
+    names still hold one array. ``limits`` gets ``"numpy"`` when the step's state holds
+    NumPy arrays under names its code uses, ``"truncated"`` when the walk stopped."""
     want: dict[int, list[int]] = {}
     for i, t in enumerate(targets):
         want.setdefault(id(t), []).append(i)
@@ -245,8 +248,10 @@ def locate_all(fn: Callable, targets: list) -> list[list[Chain]]:
             want.setdefault(id(_owner(t)), []).append(i)
     candidates: list[list[Chain]] = [[] for _ in targets]
     named: set[str] = set()
-    limits: dict = {}
+    limits = {} if limits is None else limits
     for chain, child in walk(fn, named, limits):
+        if isinstance(child, np.ndarray) and child.dtype != object and is_named(chain, named):
+            limits["numpy"] = True
         keys = {id(child), id(_owner(child))} if isinstance(child, np.ndarray) else {id(child)}
         for i in {i for k in keys for i in want.get(k, ())}:
             if len(candidates[i]) >= 4:

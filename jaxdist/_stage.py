@@ -12,6 +12,7 @@ compiles (`jax.jit`).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -60,6 +61,45 @@ def _check_not_stacked(fn: Callable, chains: list, consts: list) -> None:
                 )
 
 
+def captured_ids(fn: Callable) -> tuple:
+    """The identities of what a function captures (closure cells, default arguments)."""
+    fn = getattr(fn, "__func__", fn)
+    cells = tuple(id(c.cell_contents) for c in _cells(fn))
+    return cells + tuple(id(d) for d in getattr(fn, "__defaults__", None) or ())
+
+
+def _cells(fn: Callable) -> tuple:
+    return tuple(c for c in getattr(fn, "__closure__", None) or () if _filled(c))
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def _warn_numpy_copies(fn: Callable, unfound: list) -> None:
+    """Warns once per trace where a step whose state holds NumPy arrays made a NumPy
+    array jaxdist cannot trace back to it (``np.exp(self.w)``, a view of a Fortran-ordered
+    or strided array that JAX copied): it stays a constant of the program."""
+    copies = [c for c in unfound if isinstance(c, np.ndarray)]
+    if not copies:
+        return
+    what = ", ".join(f"{c.dtype}{list(c.shape)}" for c in copies[:3])
+    warnings.warn(
+        f"The step {describe(fn)} reads NumPy arrays from its state and computed "
+        f"{len(copies)} NumPy array(s) ({what}) that are not in it (np.exp(self.w), "
+        "x.astype(...), a view of a Fortran-ordered or strided array): each is a constant "
+        "of the compiled step, so a later change of the data it came from is not seen. "
+        "Use jax.numpy on the state instead (jnp.exp(self.w), jnp.asarray(table)[1]), "
+        "or pass the result to strategy.run as an argument.",
+        RuntimeWarning,
+        stacklevel=5,
+    )
+
+
 class Staged:
     """``body`` traced once on ``examples``; what it read from ``fn``'s state is an input.
 
@@ -96,15 +136,21 @@ class Staged:
             )
         consts = list(closed.consts)
         out_consts = [x for x in outputs() if _is_array(x)]
-        found = _capture.locate_all(fn, consts + out_consts) if consts or out_consts else []
+        limits: dict = {}
+        found = _capture.locate_all(fn, consts + out_consts, limits) if consts or out_consts else []
         chains = [c[0] if c else None for c in found]
         _check_not_stacked(fn, chains[: len(consts)], consts)
+        if limits.get("numpy"):
+            _warn_numpy_copies(fn, [c for c, ch in zip(consts, chains) if ch is None])
         lifted = [(i, c) for i, c in enumerate(chains[: len(consts)]) if c is not None]
         self._lifted = [(i, c, np.shape(consts[i]), consts[i].dtype) for i, c in lifted]
         # one array read under two names was traced as one: valid while they hold one array
         self._aliases = [(k, c) for k, (i, _) in enumerate(lifted) for c in found[i][1:]]
         for i, _ in lifted:
             consts[i] = None  # not kept: read again on every call
+        # constants found nowhere in the state are baked in: valid for another function
+        # of the same code only if it captures the same objects
+        self._captured = captured_ids(fn) if any(c is not None for c in consts) else None
         self._consts = consts
         self._jaxpr = closed.jaxpr
         self._outs = {id(x): c for x, c in zip(out_consts, chains[len(consts) :]) if c is not None}
@@ -130,6 +176,8 @@ class Staged:
         (they can change in place).
         """
         fresh, self._fresh = self._fresh, False  # the call that traced it ran the step
+        if self._captured is not None and captured_ids(fn) != self._captured:
+            return None
         if self._watched and not fresh and _watch.changed(fn, self._watched):
             return None
         out = []
