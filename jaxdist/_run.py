@@ -172,7 +172,12 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
         body = make_body(strategy, cdo, replicas.num, _compile.weak_callable(fn), sig, info)
         examples = [example(x, ax == 0) for x, ax in zip([*ids, *arrays], in_axes)]
         staged = Staged(
-            fn, body, examples, [(AXIS, replicas.num)], lambda: [x for _, x in info["layout"]]
+            fn,
+            body,
+            examples,
+            [(AXIS, replicas.num)],
+            lambda: [x for _, x in info["layout"]],
+            numbers=True,
         )
         axes = (*in_axes, *[None] * staged.num_inputs)
         return _compile.pmap(staged.evaluate, replicas, axes), info, staged
@@ -183,6 +188,7 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
     )
     what = f"strategy.run({describe(fn)})"
     outs = _compile.dispatch(program, replicas, *ids, *arrays, *extra, what=what)
+    staged.write_back(fn, outs)  # Python numbers the step changed in its state
     return _wrap(info, outs, replicas.num, False, arrays, lambda x: staged.output(fn, x))
 
 

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
-from jaxdist import _capture, _watch
+from jaxdist import _capture, _promote, _watch
 from jaxdist._layout import is_tracer
 from jaxdist._validate import describe
 
@@ -110,6 +110,9 @@ class Staged:
         axis_env: ``[(axis_name, size)]`` when ``body`` uses collectives.
         outputs: a function giving, after the trace, the arrays ``body`` returned
             that are not traced (read again on every call too, when found).
+        numbers: whether Python numbers of the state that change between calls become
+            inputs (`jaxdist._promote`; the caller then calls `write_back` after each
+            call, for the numbers the step itself changes).
     """
 
     def __init__(
@@ -119,12 +122,23 @@ class Staged:
         examples: Sequence[Any],
         axis_env: list | None = None,
         outputs: Callable[[], list] = list,
+        numbers: bool = False,
     ) -> None:
         # the Python values read before the trace: a step that changes one (``self.n +=
-        # 1``) is traced again on the next call, as TF eager runs it on every call
-        self._watched = _watch.watch(fn)
-        closed = jax.make_jaxpr(body, axis_env=axis_env or [])(*examples)
-        self._watched = _watch.settle(fn, self._watched)
+        # 1``) makes the number an input of the program (`jaxdist._promote`)
+        watched = _watch.watch(fn)
+        first = _promote.promoted(fn) if numbers else ()
+        closed, numbers_used = self._trace(fn, body, examples, axis_env, first)
+        counters = _watch.moved_numbers(fn, watched) if numbers else []
+        if counters and _promote.remember(fn, counters):  # numbers the step changed
+            for chain, value, _ in watched:
+                if chain in counters:  # as before the trace: the program counts this call
+                    _promote.put(fn, chain, value)
+            closed, numbers_used = self._trace(fn, body, examples, axis_env, _promote.promoted(fn))
+        self._numbers = numbers_used
+        self._types = [type(_capture.fetch(fn, c)) for c in numbers_used]
+        self._promote = numbers
+        self._watched = tuple(w for w in _watch.settle(fn, watched) if w[0] not in numbers_used)
         where = _watch.leaked(fn)
         if where is not None:
             raise RuntimeError(
@@ -156,15 +170,43 @@ class Staged:
         self._outs = {id(x): c for x, c in zip(out_consts, chains[len(consts) :]) if c is not None}
         self._placed: list = [None] * len(self._lifted)
         self._fresh = True
-        self.num_inputs = len(self._lifted)
+        self.num_inputs = len(self._numbers) + len(self._lifted)
+
+    def _trace(self, fn: Callable, body: Callable, examples: Sequence, axis_env: Any, numbers):
+        """``body`` traced with the numbers at ``numbers`` as inputs after ``examples``
+        (none where the step needs their values); the trace and the numbers used."""
+        self._written: list = []
+
+        def traced(*args: Any) -> list:
+            k = len(args) - len(numbers)
+            with _promote.Swapped(fn, numbers, args[k:]) as swap:
+                outs = list(body(*args[:k]))
+            self._written = swap.written
+            return outs + [jax.numpy.asarray(v) for _, v in swap.written]
+
+        specs = [_promote.spec(_capture.fetch(fn, c)) for c in numbers]
+        make = jax.make_jaxpr(traced, axis_env=axis_env or [])
+        if not numbers:
+            return make(*examples), ()
+        try:
+            return make(*examples, *specs), tuple(numbers)
+        except Exception:  # noqa: BLE001 - the step needs a number's value: keep it static
+            _promote.make_static(fn, numbers)
+            return self._trace(fn, body, examples, axis_env, ())
 
     def evaluate(self, *args: Any) -> list:
-        """The program: the traced body on ``args`` followed by the captured inputs."""
-        k = len(args) - self.num_inputs
+        """The program: the traced body on ``args``, the numbers, the captured inputs."""
+        k = len(args) - len(self._lifted)
         consts = list(self._consts)
         for (i, *_), v in zip(self._lifted, args[k:]):
             consts[i] = v
         return jaxpr_as_fun(ClosedJaxpr(self._jaxpr, consts))(*args[:k])
+
+    def write_back(self, fn: Callable, outs: list) -> None:
+        """Stores the numbers the step wrote in its state (outputs after its own)."""
+        if self._written:
+            tail = outs[len(outs) - len(self._written) :]
+            _promote.write_back(fn, self._numbers, self._written, tail)
 
     def inputs(self, fn: Callable, place: Callable[[Any], Any] | None = None) -> list | None:
         """The captured arrays now, or None when ``fn``'s state no longer fits this trace
@@ -179,8 +221,18 @@ class Staged:
         if self._captured is not None and captured_ids(fn) != self._captured:
             return None
         if self._watched and not fresh and _watch.changed(fn, self._watched):
+            if self._promote:
+                _promote.remember(fn, _watch.moved_numbers(fn, self._watched))
             return None
         out = []
+        for chain, kind in zip(self._numbers, self._types):
+            try:
+                number = _capture.fetch(fn, chain)
+            except _capture.Gone:
+                return None
+            if type(number) is not kind:
+                return None
+            out.append(number)
         for _, chain, shape, dtype in self._lifted:
             try:
                 v = _capture.fetch(fn, chain)
@@ -189,10 +241,11 @@ class Staged:
             if not _is_array(v) or np.shape(v) != shape or v.dtype != dtype:
                 return None
             out.append(v)
-        if self._aliases and not self._same_aliases(fn, out):
+        if self._aliases and not self._same_aliases(fn, out[len(self._numbers) :]):
             return None
         if place is not None:
-            out = [self._place(k, v, place) for k, v in enumerate(out)]
+            p = len(self._numbers)
+            out[p:] = [self._place(k, v, place) for k, v in enumerate(out[p:])]
         for chain in self._outs.values():
             try:
                 _capture.fetch(fn, chain)

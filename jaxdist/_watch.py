@@ -152,6 +152,22 @@ def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
     return False
 
 
+def moved_numbers(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> list[Chain]:
+    """The chains of the Python ints and floats recorded by `watch` that now hold
+    another int or float (a schedule the host sets, a counter the step increments)."""
+    out = []
+    for chain, value, how in watched:
+        if how != "value" or type(value) not in (int, float):
+            continue
+        try:
+            now = _capture.fetch(fn, chain)
+        except _capture.Gone:
+            continue
+        if type(now) in (int, float) and not _equal(now, value):
+            out.append(chain)
+    return out
+
+
 def settle(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> tuple:
     """``watched`` (recorded before the trace) less the sizes the trace changed: a list
     the step appends to (``traces.append(1)``, a log) is its output, not an input, so
