@@ -5,15 +5,21 @@ through its closure, the globals it names or its object's attributes is current.
 A traced step turns every array it reads that way into a constant of its
 program. To keep TF's meaning without a trace per call, jaxdist finds, once per
 trace, *where* the step read each such constant (`locate`: a chain of closure
-cells, globals, attributes, items and pytree children from the step function),
-and reads it there again on every call (`fetch`), passing it to the program as
-an argument. The Python values a trace depends on are `jaxdist._watch`'s, which
-walks the same way (`walk`).
+cells, globals, imported modules, function attributes, attributes, items and
+pytree children from the step function), and reads it there again on every call
+(`fetch`), passing it to the program as an argument. The Python values a trace
+depends on are `jaxdist._watch`'s, which walks the same way (`walk`).
 
-Only what can be reached from the step function is seen: arrays held by objects
-that are reached through neither its closure, the globals its code names, its
-bound object nor their attributes and items stay constants of the program (the
-README's limits).
+The walk has no depth bound (an optax state over a flax model is 20 levels deep)
+and reads every item of a container; it stops after `_MAX_NODES` objects, and then
+says how many arrays it did not find (a warning, never a silent constant). It runs
+no user code: every read goes through `jaxdist._peek` (the object protocol's own
+accessors), so lazy containers, proxies and loggers on the object are not woken.
+
+Only what can be reached from the step function is seen: arrays that the step
+reaches only through calls (a function returning a module's private array) or
+through an installed package's globals stay constants of the program (the README's
+table).
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 * `pmap` wraps `jax.pmap` over a strategy's replica axis, always through the
   attribute, so that `chex.fake_pmap` can replace it.
-* `steps` is the one compile cache of user step functions. It is weak on the
-  user's function: dropping the function frees its compiled steps (and what
-  they close over); the number of entries is the number of traces.
+* `steps` is the one compile cache of user step functions. A bound method's
+  steps are held weakly by its object (dropping it frees them); a plain
+  function's are found by its code and globals (`CodeKey`), in a bounded LRU,
+  so that a step defined inside each call reuses its compiled program.
 * `collective` caches the programs of the cross-device ops (bounded LRU).
 * `dispatch` runs every collective program jaxdist launches eagerly, within
   the in-flight bound of `jaxdist._inflight` (on CPU).
