@@ -69,11 +69,15 @@ def _check_not_stacked(fn: Callable, chains: list, consts: list) -> None:
                 )
 
 
-def captured_ids(fn: Callable) -> tuple:
-    """The identities of what a function captures (closure cells, default arguments)."""
+def captured_ids(fn: Callable, strict: bool = False) -> tuple:
+    """What a function captures (closure cells, default arguments), by identity; arrays
+    and Python scalars by type only unless ``strict`` (they are read afresh)."""
     fn = getattr(fn, "__func__", fn)
-    cells = tuple(id(c.cell_contents) for c in _cells(fn))
-    return cells + tuple(id(d) for d in getattr(fn, "__defaults__", None) or ())
+    held = [c.cell_contents for c in _cells(fn)] + list(getattr(fn, "__defaults__", None) or ())
+    return tuple(type(v) if not strict and isinstance(v, _FRESH) else id(v) for v in held)
+
+
+_FRESH = (jax.Array, np.ndarray, np.generic, int, float, complex, bool, str, type(None))
 
 
 def _cells(fn: Callable) -> tuple:
@@ -170,9 +174,10 @@ class Staged:
         self._aliases = [(k, c) for k, (i, _) in enumerate(lifted) for c in found[i][1:]]
         for i, _ in lifted:
             consts[i] = None  # not kept: read again on every call
-        # constants found nowhere in the state are baked in: valid for another function
-        # of the same code only if it captures the same objects
-        self._captured = captured_ids(fn) if any(c is not None for c in consts) else None
+        # valid for another function of the same code only if it captures the same
+        # objects (its arrays and numbers are read afresh, unless some were baked in)
+        self._strict = any(c is not None for c in consts)
+        self._captured = captured_ids(fn, self._strict)
         self._consts = consts
         self._jaxpr = closed.jaxpr
         self._outs = {id(x): c for x, c in zip(out_consts, chains[len(consts) :]) if c is not None}
@@ -226,7 +231,7 @@ class Staged:
         (they can change in place).
         """
         fresh, self._fresh = self._fresh, False  # the call that traced it ran the step
-        if self._captured is not None and captured_ids(fn) != self._captured:
+        if captured_ids(fn, self._strict) != self._captured:
             return None
         if self._watched and not fresh and _watch.changed(fn, self._watched):
             if self._promote:

@@ -206,3 +206,21 @@ def test_state_from_self_grad_and_a_retrace_on_one_replica(strat):
         g.w = local(strat, strat.run(g.step, args=(x,)))
         want = want - 0.1 * rows  # d/dw sum(w * x) over all rows: rows per column
     np.testing.assert_allclose(np.asarray(g.w), want, rtol=1e-6)
+
+
+def test_a_step_made_each_call_over_new_objects_runs_its_python(strat):
+    """Same code, a new list captured each call: the compiled program is not reused for
+    it (the step's Python appends to the list it captured, as TF eager runs it)."""
+    x = ones_batch(strat)
+
+    def call():
+        kept = []
+
+        def step(x):
+            kept.append(1)
+            return total(x)
+
+        strat.run(step, args=(x,))
+        return kept
+
+    assert [call() for _ in range(3)] == [[1], [1], [1]]
