@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-tf conformance clean
+.PHONY: demo test test-latest lint bench bench-tf conformance docs docs-serve wheel-smoke clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,32 @@ test: $(STAMP)
 	$(PY) -m ruff check jaxdist tests benchmarks examples
 	$(PY) -m mypy jaxdist
 	$(PY) -m pytest -q
+
+# The newest JAX (it needs Python 3.12+): a venv of its own, the newest jax installed FIRST,
+# then jaxdist with its extras; installing jaxdist must leave jax and jaxlib as they were.
+# (pyenv's shims answer `command -v` for versions that are not active: ask each one to run)
+LATEST_PYTHON ?= $(shell for p in $$(ls -d $$HOME/.pyenv/versions/3.1[2-9]*/bin/python 2>/dev/null | sort -V | head -n 1) python3.12 python3.13; do \
+	$$p -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && { command -v $$p || echo $$p; } && break; done)
+LATEST_VENV := .venv-latest
+LPY := $(LATEST_VENV)/bin/python
+LATEST_STAMP := $(LATEST_VENV)/.installed
+JAX_PINS = $(LPY) -m pip list --format=freeze 2>/dev/null | grep -E '^(jax|jaxlib)=='
+
+$(LATEST_STAMP): pyproject.toml
+	@test -n "$(LATEST_PYTHON)" || { echo "test-latest needs Python 3.12+ (set LATEST_PYTHON)"; exit 1; }
+	test -x $(LPY) || $(LATEST_PYTHON) -m venv $(LATEST_VENV)
+	$(LPY) -m pip install -q --upgrade pip
+	$(LPY) -m pip install -q --upgrade jax jaxlib
+	$(JAX_PINS) > $(LATEST_VENV)/jax-before.txt
+	$(LPY) -m pip install -q -e ".[dev,demo,notebooks]"
+	$(JAX_PINS) > $(LATEST_VENV)/jax-after.txt
+	@diff $(LATEST_VENV)/jax-before.txt $(LATEST_VENV)/jax-after.txt || \
+		{ echo "installing jaxdist changed JAX (above): the dependency range is wrong"; exit 1; }
+	@echo "JAX kept as installed: $$(tr '\n' ' ' < $(LATEST_VENV)/jax-after.txt)"
+	touch $(LATEST_STAMP)
+
+test-latest: $(LATEST_STAMP)
+	$(LPY) -m pytest -q
 
 lint: $(STAMP)
 	$(PY) -m ruff check jaxdist tests benchmarks examples
@@ -41,5 +67,25 @@ bench-tf: $(STAMP)
 conformance: $(STAMP)
 	$(PY) ../shared/conformance/run_jaxdist.py .
 
+# The docs site (docs/, mkdocs.yml) into site/, warnings as errors. Installs the `docs` extra into
+# the same .venv; the notebooks are rendered as they are stored (tests/test_notebooks.py runs them).
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
+docs-serve: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
+
+# Builds the sdist and wheel, installs the wheel into a fresh venv and runs tests/wheel_smoke.py
+# against it (outside the source tree). jax, jaxlib and numpy are pinned to the dev venv's versions,
+# so pip takes them from its cache instead of downloading them again.
+wheel-smoke: $(STAMP)
+	bash tests/wheel_smoke.sh $(PY)
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist site *.egg-info

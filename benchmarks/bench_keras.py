@@ -67,7 +67,7 @@ def fit_loop(distribution_scope, x, y):
 
 
 def custom_loop(strategy, x, y):
-    """One epoch of jaxdist's jitted custom loop on the same Keras model (README recipe)."""
+    """One epoch of jaxdist's jitted custom loop on the same Keras model (the recipe of docs/guides/keras.md)."""
     with strategy.scope():
         model = _model()
         optimizer = keras.optimizers.SGD(0.1)

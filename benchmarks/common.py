@@ -16,7 +16,7 @@ def per_call(fn, n, repeats=5, warmup=2, block_every=4, lag=0):
     """Median seconds per call of ``fn()`` over ``repeats`` runs of ``n`` calls.
 
     ``fn`` returns something to block on, so that un-blocked collectives never
-    pile up (see README): every ``block_every`` calls the latest result is waited
+    pile up (see docs/guides/guarantees.md, "Programs in flight"): every ``block_every`` calls the latest result is waited
     for, or, with ``lag``, the result of the call ``lag`` calls back (the policy
     of `strategy.run`'s in-flight cap, which keeps the pipeline full).
     """

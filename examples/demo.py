@@ -146,7 +146,7 @@ def make_train_step(optimizer: Any):
 
     The step is traced once for a full batch (one `jax.pmap` program for every
     replica) and, for a partial batch, once per shape of replica slice inside one
-    program (see the README's "Partial batches"); the local pieces are `jax.jit`
+    program (see docs/guides/input.md, "Partial batches"); the local pieces are `jax.jit`
     functions, inlined there.
     """
     import jax

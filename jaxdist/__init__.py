@@ -30,6 +30,7 @@ from jaxdist._options import InputReplicationMode as InputReplicationMode
 from jaxdist._options import RunOptions as RunOptions
 from jaxdist._reduce_op import ReduceOp as ReduceOp
 from jaxdist._replica_context import ReplicaContext as ReplicaContext
+from jaxdist._spec import TensorSpec as TensorSpec
 from jaxdist._strategy import Strategy as Strategy
 from jaxdist._values import DistributedValues as DistributedValues
 from jaxdist._values import Mirrored as Mirrored
@@ -62,6 +63,7 @@ __all__ = [
     "Strategy",
     "StrategyV1",
     "StrategyExtended",
+    "TensorSpec",
     "cluster_resolver",
     "errors",
     "experimental",

@@ -22,8 +22,8 @@ At interpreter exit the tasks announce the end of their program and meet at a ba
 (recoverable tasks skip jax's own shutdown barrier), with the monitor still watching; then
 `jax.distributed.shutdown` runs, on the coordinator last (its service must outlive the other
 tasks' disconnects). A task that is still waiting at the barrier after ``timeout_seconds``
-names the tasks that never reached it. Everything here that reaches into
-``jax._src.distributed`` (the coordination client) is private jax API (jax 0.10).
+names the tasks that never reached it. The coordination client is
+private JAX API, read in `jaxdist._jax_internals`.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+
+from jaxdist._jax_internals import coordination_client
 
 EXIT_CODE = 75
 """The exit status of a task that the guard ends because the cluster broke (EX_TEMPFAIL)."""
@@ -292,9 +294,7 @@ def start(names: list[str], pid: int, timeout: float) -> Callable[[str], None]:
     """Guards this task: the liveness monitor, the ordered shutdown at exit and the hook on
     uncaught exceptions. Returns the function that reports a stalled collective (for the
     in-flight watchdog): it names the tasks that already ended, and ends every task."""
-    from jax._src import distributed
-
-    client = distributed.global_state.client
+    client = coordination_client()
     stop = threading.Event()
     threading.Thread(
         target=_monitor,

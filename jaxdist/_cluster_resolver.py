@@ -13,6 +13,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
+from jaxdist._jax_internals import backends_started
+
 __all__ = ["ClusterSpec", "ClusterResolver", "SimpleClusterResolver", "TFConfigClusterResolver"]
 
 ClusterLike = Union["ClusterSpec", Mapping[str, Any]]
@@ -172,9 +174,8 @@ def _local_accelerator_counts() -> dict[str, int]:
     ``jax.distributed.initialize`` would make that call fail.
     """
     import jax
-    from jax._src import xla_bridge  # the only way to ask without starting the backend
 
-    if not getattr(xla_bridge, "backends_are_initialized", lambda: False)():
+    if not backends_started():  # private JAX API: the only way to ask without starting it
         return {}
 
     counts: dict[str, int] = {}

@@ -26,39 +26,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdist import _inflight
+from jaxdist import _inflight, _jax_internals
 from jaxdist._devices import AXIS, Replicas
+from jaxdist._jax_internals import trace_state_clean
 from jaxdist._layout import globalize
 from jaxdist._validate import describe
 
 # -- tracing --------------------------------------------------------------------------
 
 
-def _trace_state_clean() -> Any:
-    try:
-        from jax._src import core
-
-        return core.trace_state_clean
-    except (ImportError, AttributeError):  # pragma: no cover - jax moved it
-        return lambda: True
-
-
-_clean = _trace_state_clean()
-
-
 def tracing() -> bool:
     """Whether a JAX transformation is tracing (`jax.jit`, a `lax` loop body, a pmap body)."""
-    return not _clean()
+    return not trace_state_clean()
 
 
 def current_trace() -> Any:
-    """The innermost active trace (private jax API, kept here), or None if unknown."""
-    try:
-        from jax._src import core
-
-        return core.unsafe_get_current_trace()
-    except (ImportError, AttributeError):  # pragma: no cover - jax moved it
-        return None
+    """The innermost active trace (private JAX API, read in `jaxdist._jax_internals`)."""
+    return _jax_internals.current_trace()
 
 
 def is_inner_tracer(x: Any, trace: Any) -> bool:
@@ -105,7 +89,8 @@ _REAL_PMAP = jax.pmap
 # -- quick compilation -----------------------------------------------------------------------
 
 # XLA's CPU debug options (XLA has no stability promise for them; a jaxlib without one
-# rejects it at compile time, and `quick_options` then falls back to no options):
+# rejects it at compile time, and `quick_options` then leaves that one out: jaxlib 0.11 and
+# later have no ``xla_cpu_use_fusion_emitters``):
 # LLVM optimization level 1 and XLA's classic fusion emitters instead of the MLIR ones.
 # They compile the demo's partial-batch program in 0.46 s instead of 1.0 s, and it runs
 # in 0.35 ms instead of 0.29 ms (level 0: 0.19 s, but 0.8 ms, too slow for later steps):
@@ -117,20 +102,20 @@ QUICK_CPU: dict[str, Any] = {
 
 
 def quick_options(replicas: Replicas) -> dict[str, Any]:
-    """``compiler_options`` for `jax.jit` that compile fast: `QUICK_CPU` on CPU where this
-    jaxlib accepts them, else none."""
+    """``compiler_options`` for `jax.jit` that compile fast: those of `QUICK_CPU` that this
+    jaxlib accepts, on CPU; none elsewhere."""
     if not replicas.on_cpu:
         return {}
-    return dict(_accepted(tuple(sorted(QUICK_CPU.items()))))
+    return {k: v for k, v in QUICK_CPU.items() if _accepted(k, v)}
 
 
 @functools.cache
-def _accepted(options: tuple) -> tuple:
+def _accepted(name: str, value: Any) -> bool:
     try:
-        jax.jit(lambda x: x + 1).lower(np.float32(0)).compile(dict(options))
-    except Exception:  # noqa: BLE001 - an XLA without these options: compile as usual
-        return ()
-    return options
+        jax.jit(lambda x: x + 1).lower(np.float32(0)).compile({name: value})
+    except Exception:  # noqa: BLE001 - an XLA without this option: compile without it
+        return False
+    return True
 
 
 # -- the compile cache, weak on the user's function ---------------------------------------

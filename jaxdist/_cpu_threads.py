@@ -28,17 +28,10 @@ from typing import Any
 
 import jax
 
+from jaxdist._jax_internals import backends_started
+
 _FLAG = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
 _state: dict[str, Any] = {"set_by": None}
-
-
-def _backend_started() -> bool:
-    try:
-        from jax._src import xla_bridge  # private: the only way to ask without starting it
-
-        return bool(xla_bridge.backends_are_initialized())
-    except (ImportError, AttributeError):  # pragma: no cover - jax moved it
-        return False
 
 
 def _simulated_devices() -> int:
@@ -64,7 +57,7 @@ def configure() -> None:
     inherited = current is not None and current == os.environ.get(_MARK)
     if os.environ.get("JAXDIST_CPU_THREADS") == "0" or (current is not None and not inherited):
         return
-    if _backend_started():
+    if backends_started():
         return
     n = _simulated_devices()
     if n < 2 or 2 * n <= (os.cpu_count() or 1):
@@ -90,7 +83,7 @@ def cpu_threads() -> dict[str, Any]:
     return {
         "threads": int(value) if value and value.isdigit() else None,
         "set_by_jaxdist": _state["set_by"] == "jaxdist",
-        "backend_started": _backend_started(),
+        "backend_started": backends_started(),
     }
 
 

@@ -11,8 +11,8 @@ one. Once the cluster has formed, `jaxdist._cluster_guard` watches it. `join_clu
 checks that every worker brings the same number of devices. The one failure that cannot be
 caught in-process is the coordinator dying while this task is idle: jaxlib aborts within
 ~0.2 s ("the leader task was preempted/died"). `exchange` is a small all-gather of ints
-on the hosts, through the coordination service's key-value store. `_backend_started` and
-`exchange` read private jax API (``jax._src.xla_bridge``, ``jax._src.distributed``, jax 0.10).
+on the hosts, through the coordination service's key-value store (private JAX API, read in
+`jaxdist._jax_internals`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import threading
 from typing import Any
 
 import jax
-from jax._src import distributed as jax_distributed
 
 from jaxdist import _cluster_guard, _inflight
 from jaxdist._cluster_guard import die
@@ -33,6 +32,7 @@ from jaxdist._cluster_resolver import (
     jax_distributed_args,
     process_order,
 )
+from jaxdist._jax_internals import backends_started, coordination_client
 from jaxdist._options import CommunicationOptions
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -47,15 +47,6 @@ def is_single_worker(resolver: Any) -> bool:
     if not spec or resolver.task_type in SIDECAR_JOBS:
         return True
     return len(process_order(spec)) == 1
-
-
-def _backend_started() -> bool:
-    try:
-        from jax._src import xla_bridge
-
-        return bool(xla_bridge.backends_are_initialized())
-    except (ImportError, AttributeError):  # pragma: no cover - jax moved it
-        return False
 
 
 def _split(address: str) -> tuple[str, int] | None:
@@ -168,7 +159,7 @@ def _already_joined(n: int, pid: int, names: list[str]) -> bool:
                 f"({names[pid]})."
             )
         return True
-    if _backend_started():
+    if backends_started():
         raise RuntimeError(
             "MultiWorkerMirroredStrategy (or configure(cluster_spec=...)) must be created "
             "before any JAX computation in this process: jax.distributed.initialize cannot run "
@@ -251,7 +242,7 @@ def exchange(local: dict[int, int], purpose: str) -> dict[int, int]:
     the steps in flight. Every worker must call it at the same point of its program, for
     the same ``purpose``; a worker that does not come within ``timeout_seconds``, or comes
     for another purpose, ends every worker, named."""
-    client = jax_distributed.global_state.client
+    client = coordination_client()
     if client is None:
         raise RuntimeError("exchange: this process has not joined a multi-worker cluster.")
     names, pid, timeout = _state["names"], _state["joined"][2], _state["timeout"]

@@ -260,7 +260,7 @@ def distribute_datasets_from_function(
     >>> [[float(x) for x in s.experimental_local_results(e)] for e in dist]
     [[5.0, 6.0], [7.0, 8.0]]
     >>> dist.element_spec, dist.cardinality, len(dist)  # TF's cardinality: the dataset's
-    (ShapeDtypeStruct(shape=(), dtype=float32), np.int64(5), 2)
+    (TensorSpec(shape=(), dtype=float32, name=None), np.int64(5), 2)
 
     Raises:
         TypeError: ``dataset_fn`` is not callable, or returns something not iterable.

@@ -212,7 +212,7 @@ class DistributedDataset:
     >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
     >>> dist = s.experimental_distribute_dataset([np.arange(4.0)])
     >>> dist.element_spec
-    ShapeDtypeStruct(shape=(None,), dtype=float32)
+    TensorSpec(shape=(None,), dtype=float32, name=None)
     >>> [[x.tolist() for x in s.experimental_local_results(b)] for b in dist]
     [[[0.0, 1.0], [2.0, 3.0]]]
     >>> len(dist), dist.cardinality
@@ -258,7 +258,7 @@ class DistributedDataset:
     def element_spec(self) -> Any:
         """What one replica's value of an element looks like.
 
-        The source batch's structure with a `jax.ShapeDtypeStruct` per leaf:
+        The source batch's structure with a `jaxdist.TensorSpec` per leaf:
         the batch dimension is None (replicas may get different sizes, as in
         TF's ``TensorSpec(shape=(None, ...))``), the other dimensions and the
         dtype are those of the first batch (the dtype as placed on the devices,
@@ -341,5 +341,5 @@ class DatasetIterator:
 
     @property
     def element_spec(self) -> Any:
-        """The element's structure of `jax.ShapeDtypeStruct` (None for an empty dataset)."""
+        """The element's structure of `jaxdist.TensorSpec` (None for an empty dataset)."""
         return self._iterator.element_spec

@@ -27,6 +27,7 @@ import numpy as np
 
 from jaxdist._devices import Replicas
 from jaxdist._distributed import exchange
+from jaxdist._spec import TensorSpec
 from jaxdist._values import from_padded, from_parts, from_shaped, from_stacked
 
 EMPTY = object()
@@ -185,14 +186,14 @@ def host_leaves(batch: Any, what: str) -> tuple[list, Any]:
 
 
 def spec_of(leaves: Sequence[Any], treedef: Any, on_device: bool, batched: bool = True) -> Any:
-    """The per-replica element spec: `jax.ShapeDtypeStruct` leaves; for batches the batch
-    dimension is None, unbatched elements keep their whole shape."""
+    """The per-replica element spec: `TensorSpec` leaves; for batches the batch dimension is
+    None (TF's), unbatched elements keep their whole shape."""
 
-    def one(x: Any) -> jax.ShapeDtypeStruct:
+    def one(x: Any) -> TensorSpec:
         dtype = x.dtype
         if on_device and not _is_host_only(x):
             dtype = jax.dtypes.canonicalize_dtype(dtype)
-        return jax.ShapeDtypeStruct((None, *x.shape[1:]) if batched else x.shape, dtype)
+        return TensorSpec((None, *x.shape[1:]) if batched else x.shape, dtype)
 
     return jax.tree.unflatten(treedef, [one(x) for x in leaves])
 

@@ -207,6 +207,32 @@ def _install() -> None:
         name = f"{kind}_on_batch"
         _PATCHED[name] = original = getattr(keras.Model, name)
         setattr(keras.Model, name, _on_batch(original))
+    for name in ("save", "save_weights"):
+        _PATCHED[name] = original = getattr(keras.Model, name)
+        setattr(keras.Model, name, _outside_the_distribution(original))
+
+
+def _outside_the_distribution(original: Any) -> Any:
+    """``Model.save`` / ``save_weights`` with no strategy distribution active: saving reads
+    the variables and creates nothing the strategy should own (Keras' saver builds a
+    throw-away optimizer to list attributes to skip). In a multi-worker scope such a
+    variable would be placed across every worker, a collective that workers not saving
+    never join: TF asks every worker to call ``save``; jaxdist lets the chief save alone,
+    inside the scope or outside it."""
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        current = keras.distribution.distribution()
+        if not isinstance(current, StrategyDistribution):
+            return original(self, *args, **kwargs)
+        keras.distribution.set_distribution(None)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            keras.distribution.set_distribution(current)
+
+    method.__name__ = original.__name__
+    method.__doc__ = original.__doc__
+    return method
 
 
 def _check_no_scope(model: Any, kind: str) -> None:

@@ -32,9 +32,10 @@ JAX internals this module reads (through `jax.extend.core`, JAX's extension API,
 which has no stability promise): the names and parameters of the collective and
 call primitives (``psum`` ``axes``, ``all_gather`` ``all_gather_dimension`` /
 ``tiled``, ``reduce_scatter`` ``scatter_dimension``, ``cond`` ``branches``, the
-sub-jaxpr of ``jit`` / ``remat2`` / ``custom_*_call``), as of jax 0.10.
-`tests/test_nested_collectives.py` exercises each of them; an unknown primitive
-holding a collective is a clear error, not a wrong answer.
+sub-jaxpr of ``jit`` / ``remat2`` / ``custom_*_call``), as of jax 0.10 to 0.12.
+`jaxdist._jax_internals.check_collectives` checks them on this JAX before the first
+partial-batch step and `tests/test_nested_collectives.py` exercises each of them; an
+unknown primitive holding a collective is a clear error, not a wrong answer.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from jax import lax
 from jax.extend import core
 
 from jaxdist._devices import AXIS
+from jaxdist._jax_internals import check_collectives
 
 Value = tuple[Any, bool]
 Run = Generator[tuple, Any, list]
@@ -87,6 +89,7 @@ class Groups(NamedTuple):
 
 def run(groups: Groups, jaxprs: Sequence[Any], args: Sequence[list[Value]]) -> list[list[Value]]:
     """Each group's outputs of its closed jaxpr on its arguments, run in lockstep."""
+    check_collectives(AXIS)  # this JAX's primitives are the ones read here (cached)
     runs = [_run(j.jaxpr, j.consts, a, m) for j, a, m in zip(jaxprs, args, groups.members)]
     return _lockstep(groups, runs)
 

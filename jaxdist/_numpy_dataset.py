@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from jaxdist._layout import host_view
+from jaxdist._spec import TensorSpec
 
 
 class NumpyDataset:
@@ -78,11 +79,10 @@ class NumpyDataset:
 
     @property
     def element_spec(self) -> Any:
-        """`jax.ShapeDtypeStruct` leaves of one element (batch dimension None when batched)."""
+        """`TensorSpec` leaves of one element (batch dimension None when batched)."""
         lead = () if self.batch_size is None else (None,)
         return jax.tree.unflatten(
-            self._treedef,
-            [jax.ShapeDtypeStruct(lead + x.shape[1:], x.dtype) for x in self._leaves],
+            self._treedef, [TensorSpec(lead + x.shape[1:], x.dtype) for x in self._leaves]
         )
 
     def __repr__(self) -> str:

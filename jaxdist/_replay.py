@@ -227,14 +227,18 @@ class _Learnt:
     def __init__(self, n: int) -> None:
         self.n = n
         self.sizes: dict[int, list] = {}
+        self.shapes: dict[int, tuple[int, list]] = {}  # gather index -> (axis, replica shapes)
         self.guessed: set[int] = set()
         self.merges: dict[int, list] = {}  # merge_call index -> each replica's result shapes
 
     def gather(self, k: int, members: tuple, x: Any, axis: int) -> Any:
         sizes = self.sizes.setdefault(k, [None] * self.n)
+        _, shapes = self.shapes.setdefault(k, (axis, [None] * self.n))
         known = None not in sizes
         for i in members:
-            sizes[i] = x.shape[axis]
+            sizes[i], shapes[i] = x.shape[axis], tuple(x.shape)
+        if known:
+            _check_other_axes(axis, shapes)
         if not known:
             self.guessed.add(k)
         if not known or len(set(sizes)) == 1:
@@ -249,9 +253,23 @@ class _Learnt:
 
     def replay(self) -> bool:
         """Whether a guess turned out wrong (lengths differ): the groups are traced again."""
+        for axis, shapes in self.shapes.values():
+            _check_other_axes(axis, shapes)
         wrong = any(len(set(self.sizes[k])) > 1 for k in self.guessed)
         self.guessed = set()
         return wrong
+
+
+def _check_other_axes(axis: int, shapes: list) -> None:
+    """TF's rule: the values gathered may differ along ``axis`` only (a ValueError, as TF's
+    InvalidArgumentError, naming the axis and every replica's shape)."""
+    others = {s[:axis] + s[axis + 1 :] for s in shapes if s is not None}
+    if len(others) > 1 or len({len(s) for s in shapes if s is not None}) > 1:
+        raise ValueError(
+            f"ReplicaContext.all_gather(value, axis={axis}): every replica's value must have "
+            f"the same shape except along axis {axis}; got shapes "
+            f"{', '.join(f'replica {i}: {s}' for i, s in enumerate(shapes))}."
+        )
 
 
 class _Traced(NamedTuple):

@@ -231,8 +231,12 @@ class Mirrored(DistributedValues):
     def __jax_array__(self) -> Any:
         return self.__jaxdist_local__()
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        return np.asarray(self.__jaxdist_local__(), dtype=dtype)
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """The local component as a NumPy array (numpy 2's ``dtype`` / ``copy`` protocol)."""
+        local = self.__jaxdist_local__()
+        if copy is None:
+            return np.asarray(local, dtype=dtype)
+        return np.array(local, dtype=dtype, copy=copy)
 
     @property
     def shape(self) -> tuple[int, ...]:

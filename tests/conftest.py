@@ -1,5 +1,6 @@
 """Test set-up: 8 simulated CPU devices, fixed once before JAX starts."""
 
+import importlib
 import os
 
 os.environ["XLA_FLAGS"] = (
@@ -42,6 +43,14 @@ def _no_leaked_strategy():
 def devices_of(value) -> tuple:
     """The device of each component of a distributed value, in replica order (public API)."""
     return tuple(next(iter(x.devices())) for x in value.values)
+
+
+def dev_import(name: str):
+    """A dev dependency (pyproject's ``dev`` extra): skipped where it is missing on a
+    developer's machine, a failure in CI (``CI`` set), where every one must be installed."""
+    if os.environ.get("CI"):
+        return importlib.import_module(name)
+    return pytest.importorskip(name)
 
 
 def pytest_report_header(config):

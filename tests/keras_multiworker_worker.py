@@ -4,7 +4,8 @@ OUT_DIR``. The harness sets ``TF_CONFIG``; every worker has 2 simulated CPU devi
 The program is TF's multi-worker Keras program: build and compile in the
 `MultiWorkerMirroredStrategy`'s scope, `fit` numpy arrays (every worker passes the same arrays and
 keeps its replicas' rows; the last batch is partial), `evaluate`, `predict`, for a dense model and
-one with batch norm; the chief saves the dense model as a ``.keras`` file. Prints
+one with batch norm; the chief alone saves the dense model as a ``.keras`` file inside the
+scope and the other's weights outside it. Prints
 ``RESULT <json>`` ({model: history, evaluate, weights, predict}).
 """
 
@@ -65,8 +66,12 @@ def main():
         model, history, ev = build_and_fit(strategy, name)
         x, _ = data()
         pred = model.predict(x[:70], batch_size=64, verbose=0)
-        if name == "dense" and strategy.cluster_resolver.task_id == 0:  # the chief saves
-            model.save(os.path.join(sys.argv[1], "model.keras"))
+        if strategy.cluster_resolver.task_id == 0:  # the chief saves, alone (TF: every worker)
+            if name == "dense":  # inside the scope (Keras' saver builds an optimizer there)
+                with strategy.scope():
+                    model.save(os.path.join(sys.argv[1], "model.keras"))
+            else:
+                model.save_weights(os.path.join(sys.argv[1], "bn.weights.h5"))
         weights = [np.asarray(w).tolist() for w in model.get_weights()]
         out[name] = {
             "history": history,

@@ -184,3 +184,16 @@ def test_tf1_surface_is_a_subclass_of_the_tf2_strategy(name):
     assert issubclass(v1, jd.Strategy)
     assert issubclass(jd.MirroredStrategy, v1) and issubclass(jd.OneDeviceStrategy, v1)
     assert not hasattr(jd.Strategy, "experimental_run_v2")
+
+
+def test_a_missing_dev_dependency_fails_in_ci(monkeypatch):
+    """Keras, orbax, flax, nbclient... skip on a developer's machine without them; in CI
+    (where the dev extra is installed) a missing one fails instead of skipping silently."""
+    from conftest import dev_import
+
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(ModuleNotFoundError):
+        dev_import("jaxdist_no_such_dev_dependency")
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception):
+        dev_import("jaxdist_no_such_dev_dependency")

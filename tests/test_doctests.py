@@ -10,6 +10,7 @@ import os
 import pkgutil
 
 import pytest
+from conftest import dev_import
 
 import jaxdist
 
@@ -46,7 +47,7 @@ def test_the_modules_without_examples_exist():
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
     if name.startswith("jaxdist._keras"):
-        pytest.importorskip("keras")
+        dev_import("keras")
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0, f"{result.failed} doctest(s) failed in {name}"

@@ -19,6 +19,7 @@ lists the difference.
 import json
 import pathlib
 import signal
+import sys
 import typing
 import warnings
 
@@ -311,7 +312,9 @@ def test_attribute_probes_only_raise_attribute_error():
     class HasValues(typing.Protocol):
         values: typing.Any
 
-    assert not isinstance(mapped, HasValues)  # the probe orbax's restore makes
+    # the probe orbax's restore makes; Python 3.12+ looks protocol members up statically
+    # (inspect.getattr_static: the property exists on the class), so there it is True
+    assert isinstance(mapped, HasValues) is (sys.version_info >= (3, 12))
     assert isinstance(v, HasValues)
 
 
@@ -441,6 +444,7 @@ def test_fetch_to_device_false_keeps_values_on_the_host_as_tf():
 # -- leak: every public method, odd arguments ----------------------------------------------------
 
 LEAKS = (NameError, IndexError, KeyError, AssertionError, ZeroDivisionError, UnboundLocalError)
+CLEAR = (TypeError, ValueError, RuntimeError, StopIteration, jd.errors.OutOfRangeError)
 INTERNAL_TEXT = (
     "could not broadcast", "entry not a", "unbound axis name", "Cannot lower jaxpr",
     "Input buffers to `Array`", "incompatible shapes for broadcasting", "object has no attribute",
@@ -499,8 +503,9 @@ def _call(target, name, call, args):
         try:
             call(*args)
         except Exception as e:
-            clear = isinstance(e, (TypeError, ValueError, RuntimeError, NotImplementedError))
-            if isinstance(e, LEAKS) or (isinstance(e, AttributeError) and not clear):
+            # jaxdist's documented classes only: TF's (TypeError, ValueError, RuntimeError and
+            # its NotImplementedError; StopIteration / OutOfRangeError at the end of data)
+            if isinstance(e, LEAKS) or not isinstance(e, CLEAR):
                 pytest.fail(f"{target}.{name}{args!r} leaked {type(e).__name__}: {e}")
             leaked = [t for t in INTERNAL_TEXT if t in str(e)]
             assert not leaked, f"{target}.{name}{args!r}: internal text {leaked}: {e}"

@@ -252,8 +252,8 @@ def test_element_spec(strategy):
     data = [{"x": np.zeros((8, 3), np.float32), "y": np.zeros(8, np.int32)}]
     dist = strategy.experimental_distribute_dataset(data)
     spec = dist.element_spec
-    assert spec["x"] == jax.ShapeDtypeStruct((None, 3), jnp.float32)
-    assert spec["y"] == jax.ShapeDtypeStruct((None,), jnp.int32)
+    assert spec["x"] == jd.TensorSpec((None, 3), jnp.float32)
+    assert spec["y"] == jd.TensorSpec((None,), jnp.int32)
     assert iter(dist).element_spec == spec
     assert strategy.experimental_distribute_dataset([]).element_spec is None
     assert list(strategy.experimental_distribute_dataset([])) == []
@@ -497,10 +497,10 @@ def test_make_numpy_dataset():
     with pytest.warns(DeprecationWarning, match="experimental_make_numpy_dataset"):
         ds = s.experimental_make_numpy_dataset(np.arange(10.0))
     assert len(ds) == 10 and [float(x) for x in ds][:3] == [0.0, 1.0, 2.0]
-    assert ds.element_spec == jax.ShapeDtypeStruct((), np.float64)
+    assert ds.element_spec == jd.TensorSpec((), np.float64)
     batched = ds.batch(4)  # its values: test_compat.py, _check_make_numpy_dataset
     assert len(batched) == 3 and len(ds.batch(4, drop_remainder=True)) == 2
-    assert batched.element_spec == jax.ShapeDtypeStruct((None,), np.float64)
+    assert batched.element_spec == jd.TensorSpec((None,), np.float64)
     nested = jd.NumpyDataset((np.arange(4.0), {"y": np.arange(4)}))
     assert [(float(a), int(b["y"])) for a, b in nested][1] == (1.0, 1)
     dist = s.experimental_distribute_dataset(nested.batch(3))
@@ -637,7 +637,7 @@ def test_dsfn_unbatched_scalars_per_worker_match_tf(strategy):
     # consecutive elements to replicas 0..R-1; the incomplete last step is dropped (TF eager)
     expected = [[5.0 + k * r + i for i in range(r)] for k in range(5 // r)]
     assert steps == expected and calls == [(1, 0, r)]
-    assert dist.element_spec == jax.ShapeDtypeStruct((), jnp.float32)
+    assert dist.element_spec == jd.TensorSpec((), jnp.float32)
     assert dist.cardinality == 5 and len(dist) == 5 // r  # TF: the dataset's own count
     with pytest.raises(StopIteration):
         next(it)
@@ -680,7 +680,7 @@ def test_dsfn_unbatched_nests_per_worker_match_tf(strategy, kind):
     pair = (lambda a, b: {"a": a, "b": b}) if kind == "dict" else (lambda a, b: [a, b])
     assert steps == [[pair(5.0 + k * r + i, k * r + i) for i in range(r)] for k in range(5 // r)]
     spec = jax.tree.leaves(dist.element_spec)
-    assert spec == [jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32)]
+    assert spec == [jd.TensorSpec((), jnp.float32), jd.TensorSpec((), jnp.int32)]
     if r in TF_RUNS:
         assert steps == tf_steps(f"unbatched.dsfn_{kind}_per_worker_{r}r")
 
@@ -746,7 +746,7 @@ def test_eds_unbatched_scalars_match_tf(strategy):
             got = list(dist)
             assert all(isinstance(x, jax.Array) and x.shape == () for x in got)
             assert [[float(x)] for x in got] == tf_steps(f"unbatched.{case}")
-            assert dist.element_spec == jax.ShapeDtypeStruct((), jnp.float32)
+            assert dist.element_spec == jd.TensorSpec((), jnp.float32)
         return
     if r in TF_RUNS:  # TF raises (a bare IndexError) in experimental_distribute_dataset itself
         answer = tf(f"unbatched.eds_scalars_{r}r_when")["experimental_distribute_dataset"]
@@ -771,7 +771,7 @@ def test_eds_unbatched_vectors_are_split_as_batches_like_tf(strategy, shape):
     for step, row in zip(steps, data):
         assert [len(p) for p in step] == expected_sizes(3, r)
         assert sum(step, []) == row.tolist()
-    assert dist.element_spec == jax.ShapeDtypeStruct((None, *shape[1:]), jnp.float32)
+    assert dist.element_spec == jd.TensorSpec((None, *shape[1:]), jnp.float32)
     case = "unbatched.eds_vectors" if shape == (3,) else "unbatched.eds_matrices"
     if f"{case}_{r}r" in ANSWERS:
         want = tf_steps(f"{case}_{r}r")

@@ -245,6 +245,25 @@ def test_jitted_train_step_compiles_once_and_matches_eager(strategy):
     same(p3, p_eager)
     n, leaf = strategy.num_replicas_in_sync, jax.tree.leaves(p_jit)[0]
     assert leaf.shape == ((n,) if n > 1 else ()) + jax.tree.leaves(params)[0].shape
+    want = one_device_training(n, steps=1000)  # independent: one device, the whole batch
+    for replica in strategy.experimental_local_results(p_jit):
+        for k in ("w", "b"):
+            np.testing.assert_allclose(np.asarray(replica[k]), want[k], rtol=1e-4, atol=1e-5)
+
+
+def one_device_training(r, steps, batch=4):
+    """`mlp_setup`'s model and data trained by plain `jax.jit` on one device, no jaxdist."""
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.asarray(rng.normal(size=(8, 3)), jnp.float32), "b": jnp.zeros(3)}
+    data = jnp.asarray(rng.normal(size=(r * batch, 8)), jnp.float32)
+
+    def loss_fn(p):
+        return jnp.mean((jnp.tanh(data @ p["w"] + p["b"]) - 0.5) ** 2, axis=0).sum()
+
+    def sgd(_, p):
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, jax.grad(loss_fn)(p))
+
+    return jax.tree.map(np.asarray, jax.jit(lambda p: lax.fori_loop(0, steps, sgd, p))(params))
 
 
 def test_donating_the_distributed_state(strategy):

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import dev_import
 from jax import lax
 
 import jaxdist as jd
@@ -226,7 +227,7 @@ def test_sync_batch_norm_gradient_on_a_partial_batch_matches_one_device(n, rows,
 def test_flax_batch_norm_over_the_replica_axis(jitted):
     """flax's BatchNorm(axis_name=jd.AXIS) in a partial-batch step: its statistics are the
     lax.pmean of each replica's moments (flax's definition), computed here with NumPy."""
-    nn = pytest.importorskip("flax.linen")
+    nn = dev_import("flax.linen")
     s = strategy(4)
     data = np.random.default_rng(1).normal(size=(7, 3)).astype(np.float32)  # [2, 2, 2, 1]
     x = batch(s, data)

@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import dev_import
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
+nbformat = dev_import("nbformat")
+nbclient = dev_import("nbclient")
+dev_import("ipykernel")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

@@ -201,9 +201,13 @@ def test_a_partial_batch_step_is_traced_once_per_shape_of_replica():
 def test_the_eager_partial_batch_program_compiles_with_quick_options(monkeypatch):
     """Eagerly, a partial batch's program is compiled with XLA's quick CPU options (it
     runs once per epoch: compile time matters more than run time), with the answers of
-    the default options; an XLA that rejects them compiles as usual."""
+    the default options; an option this jaxlib rejects is left out, the others kept."""
     s = jd.MirroredStrategy([f"/cpu:{i}" for i in range(4)])
-    assert quick_options(s.extended.replicas) == QUICK_CPU
+    # every supported jaxlib has the LLVM level; jaxlib 0.11 dropped the fusion-emitter switch
+    expected = {"xla_backend_optimization_level": 1}
+    if tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11):
+        expected["xla_cpu_use_fusion_emitters"] = False
+    assert quick_options(s.extended.replicas) == expected and set(expected) <= set(QUICK_CPU)
     rng = np.random.default_rng(0)
     w = jnp.asarray(rng.normal(size=(3, 16)), jnp.float32)
     _, x = partial_batch(s)  # [2, 2, 2, 1]
@@ -216,8 +220,34 @@ def test_the_eager_partial_batch_program_compiles_with_quick_options(monkeypatch
     default = jax.jit(lambda x: s.run(grad_step, args=(x,)))(x)  # the user's jit: no options
     for a, b in zip(local(s, eager), local(s, default)):
         np.testing.assert_allclose(a, b, rtol=1e-6)
-    monkeypatch.setattr("jaxdist._compile.QUICK_CPU", {"xla_no_such_option": True})
-    assert quick_options(s.extended.replicas) == {}
+    monkeypatch.setattr(
+        "jaxdist._compile.QUICK_CPU",
+        {"xla_no_such_option": True, "xla_backend_optimization_level": 2},
+    )
+    assert quick_options(s.extended.replicas) == {"xla_backend_optimization_level": 2}
     again = s.run(lambda x: grad_step(x) * 1.0, args=(x,))
     for a, b in zip(local(s, again), local(s, default)):
         np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+@pytest.mark.parametrize("n", PARTIAL)
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jitted"])
+def test_all_gather_of_shapes_differing_off_the_axis_is_a_value_error(n, jitted):
+    """TF: InvalidArgumentError; jaxdist: a ValueError naming the axis and every replica's
+    shape, eager and jitted, for a partial batch gathered along axis 1 and for per-replica
+    values whose trailing dimension differs."""
+    s = jd.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+    _, x = partial_batch(s)  # [2, ..., 2, 1] rows of 3
+    gather1 = lambda v: jd.get_replica_context().all_gather(v, axis=1)  # noqa: E731
+    wide = jd.PerReplica(tuple(jnp.ones((2, 3 + (i == n - 1))) for i in range(n)))
+    gather0 = lambda v: jd.get_replica_context().all_gather(v, axis=0)  # noqa: E731
+    last = f"replica {n - 1}: "
+    for fn, value, axis, shape in [(gather1, x, 1, "(1, 3)"), (gather0, wide, 0, "(2, 4)")]:
+        call = lambda v, fn=fn: s.run(fn, args=(v,))  # noqa: E731
+        with pytest.raises(ValueError) as e:
+            (jax.jit(call) if jitted else call)(value)
+        assert f"all_gather(value, axis={axis})" in str(e.value)
+        assert f"except along axis {axis}" in str(e.value) and last + shape in str(e.value)
+    ok = s.run(gather0, args=(x,))  # the same partial batch along axis 0: TF's answer
+    rows = 2 * n - 1
+    assert s.experimental_local_results(ok)[0].shape == (rows, 3)

@@ -219,3 +219,43 @@ def test_one_replicas_mean_and_gather_are_the_value_itself_like_tf(make):
     two = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with pytest.raises(ValueError, match="scalar"):
         two.run(lambda: jd.get_replica_context().all_gather(jnp.float32(5.0), axis=0))
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_strategies_whose_ops_differ_only_in_configuration_do_not_share_a_step(n):
+    """Two ReductionToOneDevice ops with different accumulation_fns: each strategy's step
+    uses its own (a shared compiled step would give the first one's answer to both)."""
+    devices = [f"/cpu:{i}" for i in range(n)]
+    plus = jd.MirroredStrategy(
+        devices, jd.ReductionToOneDevice(accumulation_fn=lambda xs: sum(xs[1:], xs[0]) + 100.0)
+    )
+    times = jd.MirroredStrategy(
+        devices, jd.ReductionToOneDevice(accumulation_fn=lambda xs: sum(xs[1:], xs[0]) * 3.0)
+    )
+    plain = jd.MirroredStrategy(devices, jd.ReductionToOneDevice())
+
+    def step():  # one function object for every strategy
+        ctx = jd.get_replica_context()
+        return ctx.all_reduce("SUM", jnp.float32(ctx.replica_id_in_sync_group))
+
+    ids = float(sum(range(n)))
+    for s, expected in [(plus, ids + 100.0), (times, ids * 3.0), (plain, ids), (plus, ids + 100.0)]:
+        got = [float(v) for v in s.experimental_local_results(s.run(step))]
+        assert got == [expected] * n
+
+
+@pytest.mark.parametrize("n", REPLICAS)
+def test_gather_along_axis_1_concatenates_in_replica_order(n):
+    """strategy.gather(v, axis=1): each replica's (2, 3) component side by side, replica 0
+    first (TF's concat along the axis), not the components stacked replica-major."""
+    s = jd.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+    parts = [np.arange(6, dtype=np.float32).reshape(2, 3) + 10 * i for i in range(n)]
+    v = s.experimental_distribute_values_from_function(
+        lambda ctx: jnp.asarray(parts[ctx.replica_id_in_sync_group])
+    )
+    expected = np.concatenate(parts, axis=1)  # (2, 3n)
+    np.testing.assert_array_equal(np.asarray(s.gather(v, axis=1)), expected)
+    np.testing.assert_array_equal(np.asarray(s.gather(v, axis=0)), np.concatenate(parts, 0))
+    out = s.run(lambda x: jd.get_replica_context().all_gather(x, axis=1), args=(v,))
+    for got in s.experimental_local_results(out):
+        np.testing.assert_array_equal(np.asarray(got), expected)

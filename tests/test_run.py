@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import jaxdist as jd
+from jaxdist._inflight import throttle
 
 
 def ids_of(strategy):
@@ -240,3 +241,33 @@ def test_many_signatures_warn():
         for n in range(1, 9):
             s.run(step, args=(jnp.ones(n),))
     assert jd.experimental.step_count(step) == 8
+
+
+@pytest.mark.parametrize("cap", [1, 2, 4])
+def test_in_flight_bound_waits_for_the_oldest_past_exactly_the_cap(cap):
+    """With ``cap`` programs in flight, dispatching one more first waits for the oldest:
+    never cap + 1 un-finished programs at once."""
+
+    class Marker:
+        def __init__(self, name, log):
+            self.name, self.log = name, log
+
+        def block_until_ready(self):
+            self.log.append(self.name)
+
+    old = jd.experimental.get_max_steps_in_flight()
+    jd.experimental.set_max_steps_in_flight(cap)
+    try:
+        flushed: list = []
+        for i in range(cap):  # the cap's worth of finished programs: older ones are waited for
+            throttle(Marker(f"done{i}", flushed))
+        waited: list = []
+        for i in range(cap + 3):
+            throttle(Marker(i, waited))
+            in_flight = [m for m in range(i + 1) if m not in waited]
+            assert len(in_flight) == min(i + 1, cap), (cap, i, waited)
+        assert waited == [0, 1, 2] and len(flushed) == cap
+    finally:
+        for i in range(cap):
+            throttle(Marker(f"end{i}", []))
+        jd.experimental.set_max_steps_in_flight(old)
