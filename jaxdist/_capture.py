@@ -5,15 +5,21 @@ through its closure, the globals it names or its object's attributes is current.
 A traced step turns every array it reads that way into a constant of its
 program. To keep TF's meaning without a trace per call, jaxdist finds, once per
 trace, *where* the step read each such constant (`locate`: a chain of closure
-cells, globals, attributes, items and pytree children from the step function),
-and reads it there again on every call (`fetch`), passing it to the program as
-an argument. The Python values a trace depends on are `jaxdist._watch`'s, which
-walks the same way (`walk`).
+cells, globals, imported modules, function attributes, attributes, items and
+pytree children from the step function), and reads it there again on every call
+(`fetch`), passing it to the program as an argument. The Python values a trace
+depends on are `jaxdist._watch`'s, which walks the same way (`walk`).
 
-Only what can be reached from the step function is seen: arrays held by objects
-that are reached through neither its closure, the globals its code names, its
-bound object nor their attributes and items stay constants of the program (the
-README's limits).
+The walk has no depth bound (an optax state over a flax model is 20 levels deep)
+and reads every item of a container; it stops after `_MAX_NODES` objects, and then
+says how many arrays it did not find (a warning, never a silent constant). It runs
+no user code: every read goes through `jaxdist._peek` (the object protocol's own
+accessors), so lazy containers, proxies and loggers on the object are not woken.
+
+Only what can be reached from the step function is seen: arrays that the step
+reaches only through calls (a function returning a module's private array) or
+through an installed package's globals stay constants of the program (the README's
+table).
 """
 
 from __future__ import annotations
@@ -21,23 +27,23 @@ from __future__ import annotations
 import functools
 import sys
 import types
+import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import numpy as np
 
-from jaxdist import _names
+from jaxdist import _names, _peek
+from jaxdist._values import is_distributed
 
 Chain = tuple  # ((kind, key), ...) from the step function to a value
-_MAX_NODES = 4000
-_MAX_DEPTH = 8
-_MAX_ITEMS = 2000
+_MAX_NODES = 200_000  # objects looked at per trace; past it, a warning (`locate_all`)
 _OPAQUE = (types.ModuleType, types.BuiltinFunctionType, str, bytes, int, float, complex)
 
 
-class Gone(Exception):
-    """The value a chain led to is no longer there (the step's state changed shape)."""
+Gone = _peek.Gone  # the value a chain led to is no longer there
 
 
 def _pytree_children(obj: Any) -> tuple[list, Any] | None:
@@ -63,7 +69,12 @@ def _child_names(obj: Any, n: int) -> list:
 
 
 def _children(obj: Any) -> Iterator[tuple[tuple, Any]]:
-    """``((kind, key), child)`` for what ``obj`` reaches: the steps of a chain."""
+    """``((kind, key), child)`` for what ``obj`` reaches: the steps of a chain.
+
+    Only the object protocol's own C-level accessors are used (never a class's
+    ``__getattr__``, ``__getattribute__``, properties, ``__len__``, ``__iter__`` or
+    ``__getitem__``): looking for state runs no user code.
+    """
     if isinstance(obj, types.MethodType):
         yield ("self", None), obj.__self__
         yield ("func", None), obj.__func__
@@ -76,16 +87,21 @@ def _children(obj: Any) -> Iterator[tuple[tuple, Any]]:
     elif isinstance(obj, type):  # ``Config.lr``, or a classmethod's class
         for cls in obj.__mro__[:-1]:
             yield from _class_data(cls)
-    elif isinstance(obj, (list, tuple)):
-        yield from ((("item", i), a) for i, a in enumerate(obj[:_MAX_ITEMS]))
-    elif isinstance(obj, dict):
-        yield from ((("item", k), obj[k]) for k in list(obj)[:_MAX_ITEMS])
+    elif _peek.is_container(obj):
+        yield from ((("item", k), a) for k, a in _peek.items(obj))
+    elif type(obj) is weakref.ref:
+        yield ("deref", None), obj()
+    elif isinstance(obj, np.ndarray) and obj.dtype == object:
+        yield from ((("flat", i), a) for i, a in enumerate(obj.ravel().tolist()))
+    elif is_distributed(obj):
+        yield from _distributed_children(obj)
     else:
         yield from _object_children(obj)
 
 
 def _function_children(fn: types.FunctionType) -> Iterator[tuple[tuple, Any]]:
-    """Its closure cells, the globals its code loads and its default arguments."""
+    """Its closure cells, the globals its code loads, the modules it imports, its
+    default arguments and its attributes (``step.lr``)."""
     for i, cell in enumerate(fn.__closure__ or ()):
         try:
             yield ("cell", i), cell.cell_contents
@@ -95,34 +111,50 @@ def _function_children(fn: types.FunctionType) -> Iterator[tuple[tuple, Any]]:
     for name in _names.global_names(fn.__code__):
         if name in glob:
             yield ("global", name), glob[name]
+    for name in _names.imported_modules(fn.__code__):
+        if name in sys.modules:
+            yield ("import", name), sys.modules[name]
     yield from ((("default", i), a) for i, a in enumerate(fn.__defaults__ or ()))
     yield from ((("kwdefault", k), a) for k, a in (fn.__kwdefaults__ or {}).items())
+    yield from ((("fattr", k), a) for k, a in list(dict.items(fn.__dict__)))
+
+
+def _distributed_children(value: Any) -> Iterator[tuple[tuple, Any]]:
+    """A Mirrored's local component (what it stands for as an array), and the stacked
+    array of any distributed value (what ``jax.tree`` gives: all replicas' components,
+    which a step must not read as its own: `Staged` raises naming it)."""
+    if _peek.type_lookup(type(value), "__jaxdist_local__") is not None:
+        yield ("local", None), value.__jaxdist_local__()
+    node = _pytree_children(value)
+    for i, a in enumerate(node[0] if node is not None else ()):
+        yield ("stacked", (node[1], i, None)), a  # type: ignore[index]
 
 
 def _object_children(obj: Any) -> Iterator[tuple[tuple, Any]]:
-    """A Mirrored's local component, a pytree node's children, or an object's attributes."""
-    if hasattr(type(obj), "__jaxdist_local__"):  # a Mirrored used as an array
-        yield ("local", None), obj.__jaxdist_local__()
+    """A pytree node's children, or an object's attributes."""
     node = _pytree_children(obj)
     if node is not None:
         names = _child_names(obj, len(node[0]))
         for i, a in enumerate(node[0]):
             yield ("child", (node[1], i, names[i])), a
     else:
-        own = vars(obj) if hasattr(obj, "__dict__") else {}
-        yield from ((("attr", k), a) for k, a in list(own.items())[:_MAX_ITEMS])
+        own = _peek.instance_dict(obj) or {}
+        yield from ((("attr", k), a) for k, a in list(own.items()))
         yield from _class_level(obj, own)
 
 
 def _class_level(obj: Any, own: dict) -> Iterator[tuple[tuple, Any]]:
     """Slots, and data the class holds for its instances (``class T: w = jnp.zeros(())``,
-    read as ``self.w`` until the instance sets its own): read with ``getattr``, so an
-    instance attribute set later is what the chain finds then."""
+    read as ``self.w`` until the instance sets its own): read as `safe_getattr` reads,
+    so an instance attribute set later is what the chain finds then."""
     for cls in type(obj).__mro__[:-1]:
         slots = cls.__dict__.get("__slots__", ())
         for k in (slots,) if isinstance(slots, str) else slots:
-            if k not in own and k not in ("__dict__", "__weakref__") and hasattr(obj, k):
-                yield ("getattr", k), getattr(obj, k)
+            if k not in own and k not in ("__dict__", "__weakref__"):
+                try:
+                    yield ("getattr", k), _peek.safe_getattr(obj, k)
+                except AttributeError:  # an unset slot, or one a property shadows
+                    continue
         yield from _class_data(cls, own)
 
 
@@ -130,17 +162,19 @@ def _class_data(cls: type, own: dict | None = None) -> Iterator[tuple[tuple, Any
     """A class's data attributes (not methods, properties or other descriptors)."""
     if cls.__module__ == "builtins":
         return
-    for k, a in list(cls.__dict__.items())[:_MAX_ITEMS]:
+    for k, a in list(cls.__dict__.items()):
         if (own and k in own) or k.startswith("__") or hasattr(type(a), "__get__"):
             continue
-        if isinstance(a, (jax.Array, np.ndarray, *WATCHED, list, tuple, dict)):
+        if isinstance(a, (jax.Array, np.ndarray, *WATCHED, list, tuple, dict)) or is_distributed(a):
             yield ("getattr", k), a
 
 
 def _expandable(obj: Any) -> bool:
     if isinstance(obj, types.ModuleType):
         return _user_module(obj)
-    return not isinstance(obj, _OPAQUE) and not isinstance(obj, (jax.Array, np.ndarray))
+    if isinstance(obj, np.ndarray):
+        return obj.dtype == object  # an object array's elements (arrays, objects)
+    return not isinstance(obj, _OPAQUE) and not isinstance(obj, jax.Array)
 
 
 def _user_module(module: types.ModuleType) -> bool:
@@ -149,17 +183,18 @@ def _user_module(module: types.ModuleType) -> bool:
     top = module.__name__.partition(".")[0]
     if top in sys.stdlib_module_names or top in ("jaxdist", "builtins"):
         return False
-    origin = getattr(module, "__file__", None) or ""
+    origin = module.__dict__.get("__file__") or ""
     return "site-packages" not in origin and "dist-packages" not in origin
 
 
-def walk(fn: Callable, named: set[str], depth: int = _MAX_DEPTH) -> Iterator[tuple[Chain, Any]]:
-    """``(chain, value)`` for what ``fn`` reaches, bounded in nodes and depth; ``named``
-    collects the names that the code met on the way uses.
+def walk(fn: Callable, named: set[str], limits: dict | None = None) -> Iterator[tuple[Chain, Any]]:
+    """``(chain, value)`` for what ``fn`` reaches, at any depth, up to `_MAX_NODES`
+    objects (``limits["truncated"]`` tells when it stopped there); ``named`` collects
+    the names that the code met on the way uses.
 
     Breadth first along chains whose names the code uses (``self.model.params``), then
     along the others (``self.dataset``), so that big unrelated containers on an object
-    cannot use up the bound before the state the step reads is found.
+    do not come before the state the step reads.
     """
     seen = {id(fn): 2}
     frontier: list[tuple[Any, Chain]] = [(fn, ())]
@@ -171,8 +206,6 @@ def walk(fn: Callable, named: set[str], depth: int = _MAX_DEPTH) -> Iterator[tup
             # functions first: the names their code uses decide what else comes first
             frontier.sort(key=lambda entry: not isinstance(entry[0], types.FunctionType))
             for obj, chain in frontier:
-                if len(chain) >= depth:
-                    continue
                 if not later:  # a callback reached through other names is not the step's
                     _names.add_names(obj, named)
                 for step, child in _safe_children(obj):
@@ -188,6 +221,8 @@ def walk(fn: Callable, named: set[str], depth: int = _MAX_DEPTH) -> Iterator[tup
                         seen[id(child)] = seen.get(id(child), 0) + 1
                         (nxt if later or named_here else deferred).append((child, here))
                 if nodes > _MAX_NODES:
+                    if limits is not None:
+                        limits["truncated"] = True
                     return
             frontier = nxt
         frontier = sorted(deferred, key=lambda entry: len(entry[1]))
@@ -203,12 +238,13 @@ def locate(fn: Callable, targets: list) -> list[Chain | None]:
     return [c[0] if c else None for c in locate_all(fn, targets)]
 
 
-def locate_all(fn: Callable, targets: list) -> list[list[Chain]]:
+def locate_all(fn: Callable, targets: list, limits: dict | None = None) -> list[list[Chain]]:
     """For each array of ``targets``, the chains from ``fn`` to it whose names the code
     uses, the best first (`locate`'s); one chain reaching it under names the code does
     not use when there is no other. Two chains mean one array read under two names
     (``self.w = self.ema = w``): the trace read it once, so it is valid only while both
-    names still hold one array."""
+    names still hold one array. ``limits`` gets ``"numpy"`` when the step's state holds
+    NumPy arrays under names its code uses, ``"truncated"`` when the walk stopped."""
     want: dict[int, list[int]] = {}
     for i, t in enumerate(targets):
         want.setdefault(id(t), []).append(i)
@@ -218,7 +254,10 @@ def locate_all(fn: Callable, targets: list) -> list[list[Chain]]:
             want.setdefault(id(_owner(t)), []).append(i)
     candidates: list[list[Chain]] = [[] for _ in targets]
     named: set[str] = set()
-    for chain, child in walk(fn, named):
+    limits = {} if limits is None else limits
+    for chain, child in walk(fn, named, limits):
+        if isinstance(child, np.ndarray) and child.dtype != object and is_named(chain, named):
+            limits["numpy"] = True
         keys = {id(child), id(_owner(child))} if isinstance(child, np.ndarray) else {id(child)}
         for i in {i for k in keys for i in want.get(k, ())}:
             if len(candidates[i]) >= 4:
@@ -232,6 +271,16 @@ def locate_all(fn: Callable, targets: list) -> list[list[Chain]]:
         chains.sort(key=lambda c: c[-1][0] == "view")  # the array itself before a view
         good = [c for c in chains if is_named(c, named)]
         out.append(good or chains[:1])
+    missing = sum(1 for chains in out if not chains)
+    if limits.get("truncated") and missing:
+        warnings.warn(
+            f"jaxdist looked at {_MAX_NODES:,} objects reachable from the step "
+            f"{getattr(fn, '__qualname__', fn)!r} and stopped: {missing} array(s) it read "
+            "were not found there and stay constants of its program (later changes are not "
+            "seen). Pass that state to strategy.run as arguments.",
+            RuntimeWarning,
+            stacklevel=6,
+        )
     return out
 
 
@@ -246,7 +295,7 @@ def is_named(chain: Chain, named: set[str]) -> bool:
 
 def _name(kind: str, key: Any) -> str | None:
     """The name a chain step reads by (attributes, globals, a pytree node's fields)."""
-    if kind in ("attr", "getattr", "global"):
+    if kind in ("attr", "getattr", "global", "fattr"):
         return key
     return key[2] if kind == "child" else None
 
@@ -321,6 +370,10 @@ def fetch(fn: Callable, chain: Chain) -> Any:
     return obj
 
 
+def _gone() -> Any:
+    raise Gone("the value changed type")
+
+
 def _child(obj: Any, key: tuple) -> Any:
     node = _pytree_children(obj)
     if node is None or node[1] != key[0]:
@@ -337,9 +390,14 @@ _STEPS: dict[str, Callable[[Any, Any], Any]] = {
     "pkw": lambda o, k: o.keywords[k],
     "cell": lambda o, k: o.__closure__[k].cell_contents,
     "global": lambda o, k: o.__globals__[k],
-    "item": lambda o, k: o[k],
-    "attr": lambda o, k: vars(o)[k],
-    "getattr": getattr,
+    "item": _peek.item,
+    "attr": lambda o, k: (_peek.instance_dict(o) or {})[k],
+    "getattr": lambda o, k: _peek.safe_getattr(o, k),
+    "import": lambda o, k: sys.modules[k],
+    "fattr": lambda o, k: o.__dict__[k],
+    "deref": lambda o, k: o() if type(o) is weakref.ref else _gone(),
+    "flat": lambda o, k: o.ravel()[k] if isinstance(o, np.ndarray) else _gone(),
+    "stacked": lambda o, k: _child(o, k),
     "default": lambda o, k: o.__defaults__[k],
     "kwdefault": lambda o, k: o.__kwdefaults__[k],
     "child": _child,

@@ -2,9 +2,10 @@
 
 * `pmap` wraps `jax.pmap` over a strategy's replica axis, always through the
   attribute, so that `chex.fake_pmap` can replace it.
-* `steps` is the one compile cache of user step functions. It is weak on the
-  user's function: dropping the function frees its compiled steps (and what
-  they close over); the number of entries is the number of traces.
+* `steps` is the one compile cache of user step functions. A bound method's
+  steps are held weakly by its object (dropping it frees them); a plain
+  function's are found by its code and globals (`CodeKey`), in a bounded LRU,
+  so that a step defined inside each call reuses its compiled program.
 * `collective` caches the programs of the cross-device ops (bounded LRU).
 * `dispatch` runs every collective program jaxdist launches eagerly, within
   the in-flight bound of `jaxdist._inflight` (on CPU).
@@ -121,15 +122,34 @@ def _accepted(name: str, value: Any) -> bool:
 
 
 def _owner(fn: Callable) -> tuple[Any, Hashable]:
-    """What the cache holds weakly for ``fn`` (a bound method: its object), and a sub-key."""
+    """What the cache holds weakly for ``fn`` (a bound method: its object), and a sub-key.
+
+    A plain function is keyed by its code and globals instead (`CodeKey`): a step defined
+    inside each call (``def train_fn(x): ...`` in a trainer's ``train_step``) is a new
+    function object every time, with the same code and the same captured objects.
+    """
     if isinstance(fn, types.MethodType):
         return fn.__self__, ("method", fn.__func__)
+    if isinstance(fn, types.FunctionType):
+        return CodeKey(fn.__code__, id(fn.__globals__)), ()
     return fn, ()
+
+
+class CodeKey(tuple):
+    """A plain function's code and globals: its steps are found by what it runs, not by
+    the function object (a closure made again on every call finds its compiled step).
+    What it captures is read afresh on every call (`jaxdist._stage`), as for one
+    function whose state changed; a new class, number or shape there traces again."""
+
+    __slots__ = ()
+
+    def __new__(cls, code: types.CodeType, globals_id: int) -> CodeKey:
+        return tuple.__new__(cls, (code, globals_id))
 
 
 def weak_callable(fn: Callable) -> Callable[[], Callable]:
     """A function returning ``fn`` that does not keep ``fn`` (or a method's object) alive."""
-    owner, _ = _owner(fn)
+    owner = fn.__self__ if isinstance(fn, types.MethodType) else fn
     try:
         ref = weakref.ref(owner)
     except TypeError:
@@ -155,18 +175,39 @@ class StepCache:
     def __init__(self) -> None:
         self._weak: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._strong: collections.OrderedDict = collections.OrderedDict()
+        self._builds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per function
         self._lock = threading.RLock()
 
     def _table(self, owner: Any) -> dict:
+        if isinstance(owner, CodeKey):
+            return self._remember(owner, owner)
         try:
             return self._weak.setdefault(owner, {})
-        except TypeError:  # not weakly referenceable: a small strong LRU
-            key = id(owner)
-            table = self._strong.setdefault(key, (owner, {}))[1]
+        except TypeError:  # not weakly referenceable: the bounded strong LRU
+            return self._remember(id(owner), owner)
+
+    def _remember(self, key: Hashable, owner: Any) -> dict:
+        table = self._strong.setdefault(key, (owner, {}))[1]
+        self._strong.move_to_end(key)
+        while len(self._strong) > _STRONG_MAX:
+            self._strong.popitem(last=False)
+        return table
+
+    def _lookup(self, owner: Any) -> dict | None:
+        key: Hashable = owner
+        if not isinstance(owner, CodeKey):
+            try:
+                return self._weak.get(owner)
+            except TypeError:  # not weakly referenceable
+                key = id(owner)
+        entry = self._strong.get(key)
+        if entry is None:
+            return None
+        try:
             self._strong.move_to_end(key)
-            while len(self._strong) > 64:
-                self._strong.popitem(last=False)
-            return table
+        except KeyError:  # dropped by another thread meanwhile
+            pass
+        return entry[1]
 
     def get(
         self,
@@ -180,7 +221,7 @@ class StepCache:
         it was traced with has changed) is passed over and a new one is built."""
         owner, sub = _owner(fn)
         try:  # the hot path: no lock, no new weak reference
-            variants = self._weak[owner][(sub, key)]
+            variants = (self._lookup(owner) or {})[(sub, key)]
         except (KeyError, TypeError):
             variants = ()
         found = self._find(variants, inputs)
@@ -202,7 +243,12 @@ class StepCache:
                 )
             variants.insert(0, entry)
             del variants[_VARIANTS:]
-            if self._count(table, sub) == WARN_AT:
+            if isinstance(owner, CodeKey):  # this function's traces, or its code's
+                self._builds[fn] = self._builds.get(fn, 0) + 1
+                counts: tuple = (self._builds[fn], len(variants))
+            else:
+                counts = (self._count(table, sub),)
+            if WARN_AT in counts:
                 _warn_retrace(fn)
             return entry, extra
 
@@ -222,13 +268,13 @@ class StepCache:
         """How many compiled steps the cache holds for ``fn`` (its number of traces)."""
         owner, sub = _owner(fn)
         with self._lock:
-            table = self._weak.get(owner) if _weakrefable(owner) else None
-            if table is None:
-                table = self._strong.get(id(owner), (None, {}))[1]
-            return self._count(table, sub)
+            if isinstance(owner, CodeKey):  # the traces this function object made
+                return self._builds.get(fn, 0)
+            return self._count(self._lookup(owner) or {}, sub)
 
 
 _VARIANTS = 8  # traces kept per argument signature (one per state the step was seen with)
+_STRONG_MAX = 128  # plain functions' code (and objects without weak references) kept
 
 
 def _weakrefable(x: Any) -> bool:

@@ -54,9 +54,9 @@ import numpy as np
 
 from jaxdist import _inflight
 from jaxdist._default import get_replica_context
-from jaxdist._nn import div_no_nan
 from jaxdist._input_place import Placer
 from jaxdist._keras_fused import host_split, same_shapes, scan_steps
+from jaxdist._nn import div_no_nan
 from jaxdist._options import InputOptions
 from jaxdist._reduce_op import ReduceOp
 from jaxdist._values import from_stacked

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, SingleDeviceSharding
 
 from jaxdist._devices import AXIS, Replicas
 
@@ -149,7 +149,21 @@ def shard_rows(stacked: Any) -> tuple:
     shards = sorted_shards(stacked)
     if any(s.data.shape[:1] != (1,) for s in shards):
         return tuple(stacked[i] for i in range(stacked.shape[0]))
-    return tuple(s.data.reshape(s.data.shape[1:]) for s in shards)
+    rows = tuple(s.data.reshape(s.data.shape[1:]) for s in shards)
+    return (_single(rows[0]),) if len(rows) == 1 else rows
+
+
+def _single(x: jax.Array) -> jax.Array:
+    """``x`` (the one row of a one-device stacked array) on its device alone, no copy.
+
+    The row of a one-device mesh keeps that mesh in its type; a step that captures it
+    and differentiates with it bakes the mesh into its program, which JAX then rejects
+    inside the replica map ("Mesh for all inputs should be equal").
+    """
+    if not isinstance(x.sharding, NamedSharding):
+        return x
+    device = next(iter(x.devices()))
+    return jax.make_array_from_single_device_arrays(x.shape, SingleDeviceSharding(device), [x])
 
 
 def stacked_devices(stacked: jax.Array) -> tuple[jax.Device, ...]:

@@ -38,11 +38,42 @@ _GLOBAL_OPS = ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL")
 
 
 def _code_names(code: types.CodeType) -> set[str]:
+    """Its names, and the strings it holds that could be names (``getattr(t, "lr")``,
+    ``vars(t)["lr"]``, ``operator.attrgetter("lr")``)."""
     names = set(code.co_names)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             names |= _code_names(c)
+        elif isinstance(c, str) and c.isidentifier():
+            names.add(c)
     return names
+
+
+@functools.lru_cache(maxsize=1024)
+def imported_modules(code: types.CodeType) -> frozenset[str]:
+    """The modules a code object (and the code nested in it) imports when it runs
+    (``import config`` inside the step; ``from pkg import config`` gives ``pkg`` and
+    ``pkg.config``).
+
+    >>> def step():
+    ...     import json
+    ...     from os import path
+    ...     return json, path
+    >>> sorted(imported_modules(step.__code__))
+    ['json', 'os', 'os.path']
+    """
+    out: set[str] = set()
+    module = None
+    for i in dis.get_instructions(code):
+        if i.opname == "IMPORT_NAME":
+            module = i.argval
+            out.add(module)
+        elif i.opname == "IMPORT_FROM" and module is not None:
+            out.add(f"{module}.{i.argval}")
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out |= imported_modules(c)
+    return frozenset(out)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -82,7 +113,10 @@ def _methods(cls: type) -> dict[str, frozenset[str]]:
         if klass.__module__ == "builtins":
             continue
         for name, attr in list(vars(klass).items()):
-            attr = getattr(attr, "fget", None) or getattr(attr, "__func__", attr)
+            if isinstance(attr, property):
+                attr = attr.fget
+            elif isinstance(attr, (staticmethod, classmethod)):
+                attr = attr.__func__
             if isinstance(attr, types.FunctionType):
                 out[name] = code_names(attr.__code__)
     try:

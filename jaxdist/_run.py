@@ -229,7 +229,7 @@ def _run_eager(strategy, replicas, cdo, fn, how: tuple, arrays: list, stacked: t
         rows = [ax == 0 or s for ax, s in zip(in_axes, (False,) * len(ids) + stacked)]
         examples = [example(x, r) for x, r in zip([*ids, *arrays], rows)]
         outputs = lambda: [x for _, x in info["layout"]]  # noqa: E731
-        staged = Staged(fn, body, examples, [(AXIS, replicas.num)], outputs)
+        staged = Staged(fn, body, examples, [(AXIS, replicas.num)], outputs, numbers=True)
         if direct:
             return _one_replica.program(staged.evaluate, replicas), info, staged
         axes = (*in_axes, *[None] * staged.num_inputs)
@@ -243,9 +243,11 @@ def _run_eager(strategy, replicas, cdo, fn, how: tuple, arrays: list, stacked: t
     if not direct:
         what = f"strategy.run({describe(fn)})"
         outs = _compile.dispatch(program, replicas, *ids, *arrays, *extra, what=what)
+        staged.write_back(fn, outs)  # Python numbers the step changed in its state
         return _wrap(info, outs, replicas.num, _first_row, arrays.__getitem__, state)
     # no collective in the program: nothing to bound in flight (see `jaxdist._inflight`)
     outs = program((*stacked, *[False] * len(extra)), *arrays, *extra)
+    staged.write_back(fn, outs)
     arg = lambda i: _first_row(arrays[i]) if stacked[i] else arrays[i]  # noqa: E731
     return _wrap(info, outs, 1, _same, arg, state)
 

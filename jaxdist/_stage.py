@@ -5,13 +5,22 @@ bound when the body uses collectives). The arrays the body read from outside
 its arguments are the jaxpr's constants; those that `jaxdist._capture.locate`
 finds in the step's state become inputs of the program, fetched afresh on every
 call (`Staged.inputs`), so an eager step never computes with a stale array and
-is not traced again when only their values change. The program itself is
-`Staged.evaluate`, which jaxdist then maps over the replicas (`jax.pmap`) or
-compiles (`jax.jit`).
+is not traced again when only their values change. Python numbers of the state
+that change between calls become inputs as well (`jaxdist._promote`). The program
+itself is `Staged.evaluate`, which jaxdist then maps over the replicas (`jax.pmap`)
+or compiles (`jax.jit`).
+
+Why locate state once per trace rather than run the step's Python on every call
+(TF eager's way, complete by construction): a fresh trace of an MLP training step
+costs about a third of the step itself on CPU, so a step that reads no state could
+not stay near raw `jax.pmap`. Where locating cannot know that a value is current,
+the trace says so: a distributed value read as its stacked array is an error, a
+NumPy array computed from NumPy state a warning.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,7 +28,7 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
-from jaxdist import _capture, _watch
+from jaxdist import _capture, _promote, _watch
 from jaxdist._layout import is_tracer
 from jaxdist._validate import describe
 
@@ -41,6 +50,68 @@ def _is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray)) and not is_tracer(x)
 
 
+def _check_not_stacked(fn: Callable, chains: list, consts: list) -> None:
+    """Raises where the step read a distributed value's stacked array (all replicas'
+    components: ``jax.tree`` over a `PerReplica` kept on ``self``) as its own."""
+    for chain, const in zip(chains, consts):
+        if chain is None:
+            continue
+        for k, (kind, _) in enumerate(chain):
+            if kind == "stacked":
+                where = _watch.describe(fn, chain[:k])
+                raise RuntimeError(
+                    f"The step {describe(fn)} read {where}, a distributed value (one component "
+                    f"per replica), as the array of all its components (shape "
+                    f"{tuple(np.shape(const))}): a step sees only its own replica's component. "
+                    f"Pass it to strategy.run as an argument (strategy.run(step, args=({where}, "
+                    "...))), which gives each replica its component, or store a value that is "
+                    "the same on every replica (strategy.reduce) on the object."
+                )
+
+
+def captured_ids(fn: Callable, strict: bool = False) -> tuple:
+    """What a function captures (closure cells, default arguments), by identity; arrays
+    and Python scalars by type only unless ``strict`` (they are read afresh)."""
+    fn = getattr(fn, "__func__", fn)
+    held = [c.cell_contents for c in _cells(fn)] + list(getattr(fn, "__defaults__", None) or ())
+    return tuple(type(v) if not strict and isinstance(v, _FRESH) else id(v) for v in held)
+
+
+_FRESH = (jax.Array, np.ndarray, np.generic, int, float, complex, bool, str, type(None))
+
+
+def _cells(fn: Callable) -> tuple:
+    return tuple(c for c in getattr(fn, "__closure__", None) or () if _filled(c))
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def _warn_numpy_copies(fn: Callable, unfound: list) -> None:
+    """Warns once per trace where a step whose state holds NumPy arrays made a NumPy
+    array jaxdist cannot trace back to it (``np.exp(self.w)``, a view of a Fortran-ordered
+    or strided array that JAX copied): it stays a constant of the program."""
+    copies = [c for c in unfound if isinstance(c, np.ndarray)]
+    if not copies:
+        return
+    what = ", ".join(f"{c.dtype}{list(c.shape)}" for c in copies[:3])
+    warnings.warn(
+        f"The step {describe(fn)} reads NumPy arrays from its state and computed "
+        f"{len(copies)} NumPy array(s) ({what}) that are not in it (np.exp(self.w), "
+        "x.astype(...), a view of a Fortran-ordered or strided array): each is a constant "
+        "of the compiled step, so a later change of the data it came from is not seen. "
+        "Use jax.numpy on the state instead (jnp.exp(self.w), jnp.asarray(table)[1]), "
+        "or pass the result to strategy.run as an argument.",
+        RuntimeWarning,
+        stacklevel=5,
+    )
+
+
 class Staged:
     """``body`` traced once on ``examples``; what it read from ``fn``'s state is an input.
 
@@ -51,6 +122,9 @@ class Staged:
         axis_env: ``[(axis_name, size)]`` when ``body`` uses collectives.
         outputs: a function giving, after the trace, the arrays ``body`` returned
             that are not traced (read again on every call too, when found).
+        numbers: whether Python numbers of the state that change between calls become
+            inputs (`jaxdist._promote`; the caller then calls `write_back` after each
+            call, for the numbers the step itself changes).
     """
 
     def __init__(
@@ -60,12 +134,23 @@ class Staged:
         examples: Sequence[Any],
         axis_env: list | None = None,
         outputs: Callable[[], list] = list,
+        numbers: bool = False,
     ) -> None:
         # the Python values read before the trace: a step that changes one (``self.n +=
-        # 1``) is traced again on the next call, as TF eager runs it on every call
-        self._watched = _watch.watch(fn)
-        closed = jax.make_jaxpr(body, axis_env=axis_env or [])(*examples)
-        self._watched = _watch.settle(fn, self._watched)
+        # 1``) makes the number an input of the program (`jaxdist._promote`)
+        watched = _watch.watch(fn)
+        first = _promote.promoted(fn) if numbers else ()
+        closed, numbers_used = self._trace(fn, body, examples, axis_env, first)
+        counters = _watch.moved_numbers(fn, watched) if numbers else []
+        if counters and _promote.remember(fn, counters):  # numbers the step changed
+            for chain, value, _ in watched:
+                if chain in counters:  # as before the trace: the program counts this call
+                    _promote.put(fn, chain, value)
+            closed, numbers_used = self._trace(fn, body, examples, axis_env, _promote.promoted(fn))
+        self._numbers = numbers_used
+        self._types = [type(_capture.fetch(fn, c)) for c in numbers_used]
+        self._promote = numbers
+        self._watched = tuple(w for w in _watch.settle(fn, watched) if w[0] not in numbers_used)
         where = _watch.leaked(fn)
         if where is not None:
             raise RuntimeError(
@@ -77,28 +162,64 @@ class Staged:
             )
         consts = list(closed.consts)
         out_consts = [x for x in outputs() if _is_array(x)]
-        found = _capture.locate_all(fn, consts + out_consts) if consts or out_consts else []
+        limits: dict = {}
+        found = _capture.locate_all(fn, consts + out_consts, limits) if consts or out_consts else []
         chains = [c[0] if c else None for c in found]
+        _check_not_stacked(fn, chains[: len(consts)], consts)
+        if limits.get("numpy"):
+            _warn_numpy_copies(fn, [c for c, ch in zip(consts, chains) if ch is None])
         lifted = [(i, c) for i, c in enumerate(chains[: len(consts)]) if c is not None]
         self._lifted = [(i, c, np.shape(consts[i]), consts[i].dtype) for i, c in lifted]
         # one array read under two names was traced as one: valid while they hold one array
         self._aliases = [(k, c) for k, (i, _) in enumerate(lifted) for c in found[i][1:]]
         for i, _ in lifted:
             consts[i] = None  # not kept: read again on every call
+        # valid for another function of the same code only if it captures the same
+        # objects (its arrays and numbers are read afresh, unless some were baked in)
+        self._strict = any(c is not None for c in consts)
+        self._captured = captured_ids(fn, self._strict)
         self._consts = consts
         self._jaxpr = closed.jaxpr
         self._outs = {id(x): c for x, c in zip(out_consts, chains[len(consts) :]) if c is not None}
         self._placed: list = [None] * len(self._lifted)
         self._fresh = True
-        self.num_inputs = len(self._lifted)
+        self.num_inputs = len(self._numbers) + len(self._lifted)
+
+    def _trace(self, fn: Callable, body: Callable, examples: Sequence, axis_env: Any, numbers):
+        """``body`` traced with the numbers at ``numbers`` as inputs after ``examples``
+        (none where the step needs their values); the trace and the numbers used."""
+        self._written: list = []
+
+        def traced(*args: Any) -> list:
+            k = len(args) - len(numbers)
+            with _promote.Swapped(fn, numbers, args[k:]) as swap:
+                outs = list(body(*args[:k]))
+            self._written = swap.written
+            return outs + [jax.numpy.asarray(v) for _, v in swap.written]
+
+        specs = [_promote.spec(_capture.fetch(fn, c)) for c in numbers]
+        make = jax.make_jaxpr(traced, axis_env=axis_env or [])
+        if not numbers:
+            return make(*examples), ()
+        try:
+            return make(*examples, *specs), tuple(numbers)
+        except Exception:  # noqa: BLE001 - the step needs a number's value: keep it static
+            _promote.make_static(fn, numbers)
+            return self._trace(fn, body, examples, axis_env, ())
 
     def evaluate(self, *args: Any) -> list:
-        """The program: the traced body on ``args`` followed by the captured inputs."""
-        k = len(args) - self.num_inputs
+        """The program: the traced body on ``args``, the numbers, the captured inputs."""
+        k = len(args) - len(self._lifted)
         consts = list(self._consts)
         for (i, *_), v in zip(self._lifted, args[k:]):
             consts[i] = v
         return jaxpr_as_fun(ClosedJaxpr(self._jaxpr, consts))(*args[:k])
+
+    def write_back(self, fn: Callable, outs: list) -> None:
+        """Stores the numbers the step wrote in its state (outputs after its own)."""
+        if self._written:
+            tail = outs[len(outs) - len(self._written) :]
+            _promote.write_back(fn, self._numbers, self._written, tail)
 
     def inputs(self, fn: Callable, place: Callable[[Any], Any] | None = None) -> list | None:
         """The captured arrays now, or None when ``fn``'s state no longer fits this trace
@@ -110,9 +231,21 @@ class Staged:
         (they can change in place).
         """
         fresh, self._fresh = self._fresh, False  # the call that traced it ran the step
+        if captured_ids(fn, self._strict) != self._captured:
+            return None
         if self._watched and not fresh and _watch.changed(fn, self._watched):
+            if self._promote:
+                _promote.remember(fn, _watch.moved_numbers(fn, self._watched))
             return None
         out = []
+        for chain, kind in zip(self._numbers, self._types):
+            try:
+                number = _capture.fetch(fn, chain)
+            except _capture.Gone:
+                return None
+            if type(number) is not kind:
+                return None
+            out.append(number)
         for _, chain, shape, dtype in self._lifted:
             try:
                 v = _capture.fetch(fn, chain)
@@ -121,10 +254,11 @@ class Staged:
             if not _is_array(v) or np.shape(v) != shape or v.dtype != dtype:
                 return None
             out.append(v)
-        if self._aliases and not self._same_aliases(fn, out):
+        if self._aliases and not self._same_aliases(fn, out[len(self._numbers) :]):
             return None
         if place is not None:
-            out = [self._place(k, v, place) for k, v in enumerate(out)]
+            p = len(self._numbers)
+            out[p:] = [self._place(k, v, place) for k, v in enumerate(out[p:])]
         for chain in self._outs.values():
             try:
                 _capture.fetch(fn, chain)

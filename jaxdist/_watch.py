@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import functools
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
-from jaxdist import _capture
+from jaxdist import _capture, _peek
 from jaxdist._capture import Chain
 
 
@@ -75,22 +76,31 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
     """
     out: list[tuple[Chain, Any, str]] = []
     named: set[str] = set()
-    for chain, value in list(_capture.walk(fn, named, depth=_WATCH_DEPTH)):
-        if isinstance(value, np.ndarray) and value.ndim == 0:
+    for chain, value in list(_capture.walk(fn, named)):
+        if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype != object:
             out.append((chain, value.copy(), "value"))
-        elif isinstance(value, _capture.WATCHED):
+        elif type(value) in _EXACT or isinstance(value, np.generic):
             out.append((chain, value, "value"))
         elif isinstance(value, (list, dict, functools.partial)):
             out.append((chain, _size(value), "size"))  # an entry more: ``for w in self.ws``
         elif isinstance(value, _PARTS):
             continue  # arrays are inputs; tuples, methods: their parts
-        elif hasattr(value, "__dict__") and not _plain_callable(value):
+        elif _peek.instance_dict(value) is not None and not _plain_callable(value):
             out.append((chain, type(value), "type"))
         elif callable(value):
             out.append((chain, value, "ident"))
     keys = named | _code_strings(fn)
     out = [w for w in out if _capture.is_named(w[0], named)]
     out.sort(key=lambda w: (not all(k in keys for kind, k in w[0] if kind == "item"), _ORDER[w[2]]))
+    if len(out) > _MAX_WATCHED:
+        warnings.warn(
+            f"The step {getattr(fn, '__qualname__', fn)!r} reads more than {_MAX_WATCHED} "
+            f"Python values from its state; {describe(fn, out[_MAX_WATCHED][0])} and "
+            f"{len(out) - _MAX_WATCHED - 1} more keep the value they had when it was traced. "
+            "Pass changing numbers to strategy.run as arguments.",
+            RuntimeWarning,
+            stacklevel=6,
+        )
     return tuple(out[:_MAX_WATCHED])
 
 
@@ -118,8 +128,8 @@ _PARTS = (
     types.MethodType,  # its function and object are watched (a new bound method each
     functools.partial,  # ``self.f = self.g`` is the same), a partial's function and arguments
 )
-_WATCH_DEPTH = 6
-_MAX_WATCHED = 64
+_EXACT = frozenset((bool, int, float, complex, str, type(None)))  # not subclasses: no __eq__
+_MAX_WATCHED = 256
 _ORDER = {"value": 0, "size": 1, "ident": 2, "type": 3}  # numbers first in the bound
 
 
@@ -140,6 +150,22 @@ def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
             if how == "ident" or type(now) is not type(value) or not _equal(now, value):
                 return True
     return False
+
+
+def moved_numbers(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> list[Chain]:
+    """The chains of the Python ints and floats recorded by `watch` that now hold
+    another int or float (a schedule the host sets, a counter the step increments)."""
+    out = []
+    for chain, value, how in watched:
+        if how != "value" or type(value) not in (int, float):
+            continue
+        try:
+            now = _capture.fetch(fn, chain)
+        except _capture.Gone:
+            continue
+        if type(now) in (int, float) and not _equal(now, value):
+            out.append(chain)
+    return out
 
 
 def settle(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> tuple:
@@ -163,7 +189,9 @@ def _size(x: Any) -> Any:
     """How many entries a list or dict has (a partial: its arguments), None otherwise."""
     if isinstance(x, functools.partial):
         return (len(x.args), len(x.keywords))
-    return len(x) if isinstance(x, (list, dict)) else None
+    if isinstance(x, list):
+        return list.__len__(x)  # the built-in's length, not a subclass's __len__
+    return dict.__len__(x) if isinstance(x, dict) else None
 
 
 def _equal(a: Any, b: Any) -> bool:

@@ -132,9 +132,11 @@ def test_new_shape_or_number_traces_again(strategy):
     assert first(strategy, strategy.run(step)) == 6.0
     box.state["w"] = jnp.ones(5)  # a new shape: a new trace, the right answer
     assert first(strategy, strategy.run(step)) == 15.0
-    box.k = 2.0  # a Python number on an object the step reads: a new trace too
+    box.k = 2.0  # a number that changes: an input from then on (one more trace at most)
     assert first(strategy, strategy.run(step)) == 10.0
-    assert jd.experimental.step_count(step) == 3
+    box.k = 4.0
+    assert first(strategy, strategy.run(step)) == 20.0
+    assert jd.experimental.step_count(step) <= 3  # 3 the first time this code runs
 
 
 def test_python_number_read_from_a_global_is_current(strategy):
@@ -147,9 +149,9 @@ def test_python_number_read_from_a_global_is_current(strategy):
     assert first(strategy, strategy.run(step)) == 2.0
     FACTOR = 5.0
     assert first(strategy, strategy.run(step)) == 5.0
-    FACTOR = 2.0  # the first trace again, no third compile
+    FACTOR = 2.0  # the number is an input now: no third compile
     assert first(strategy, strategy.run(step)) == 2.0
-    assert jd.experimental.step_count(step) == 2
+    assert jd.experimental.step_count(step) <= 2  # 2 the first time this code runs
 
 
 FACTOR = 2.0
@@ -596,8 +598,8 @@ def test_a_step_assigning_a_computed_value_to_its_state_is_a_clear_error(strateg
 
 def test_a_python_number_the_step_changes_is_current_on_every_call(strategy):
     """TF eager runs the step's Python on every call: a counter it increments and reads
-    gives 1, 2, 3 (it gave 1, 1, 1: the Python ran once, at the trace). The step is traced
-    again on each call (TF eager runs it once per replica; jaxdist once per trace)."""
+    gives 1, 2, 3 (it gave 1, 1, 1: the Python ran once, at the trace). The count is an
+    input and an output of the program, written back after each call."""
 
     class T:
         def __init__(self):

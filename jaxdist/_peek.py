@@ -1,0 +1,119 @@
+"""Reading user objects without running their code: the object protocol's own accessors.
+
+Looking for the state a step reads (`jaxdist._capture`) must not call a class's
+``__getattr__``, ``__getattribute__``, properties, ``__len__``, ``__iter__``,
+``__getitem__``, ``__eq__`` or ``__hash__`` (lazy containers, loggers, proxies and
+database-backed mappings do work there). These functions read instance dictionaries
+through the interpreter's own descriptor, slots through their member descriptors,
+class data from the classes' namespaces, and built-in containers (and their
+subclasses) through the built-in type's methods, as flax nnx's graph walk restricts
+itself to types the library owns.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import types
+from typing import Any
+
+
+class Gone(Exception):
+    """The value a chain led to is no longer there (the step's state changed shape)."""
+
+
+_SEQUENCES = (list, tuple, collections.deque)
+
+
+def is_container(obj: Any) -> bool:
+    """A built-in list, tuple, deque or dict (or a subclass), or a mapping proxy of a dict.
+
+    >>> is_container(types.MappingProxyType({"w": 1})), is_container("text")
+    (True, False)
+    """
+    if isinstance(obj, (*_SEQUENCES, dict)):
+        return True
+    return type(obj) is types.MappingProxyType and isinstance(_mapped(obj), dict)
+
+
+def items(obj: Any) -> list[tuple[Any, Any]]:
+    """``(key, value)`` of a container `is_container` accepts, read by the built-in type.
+
+    >>> class Lazy(dict):
+    ...     def __iter__(self):
+    ...         raise RuntimeError("user code")
+    >>> items(Lazy(w=1))
+    [('w', 1)]
+    """
+    if isinstance(obj, dict):
+        return list(dict.items(obj))
+    for base in _SEQUENCES:
+        if isinstance(obj, base):
+            return list(enumerate(base.__iter__(obj)))  # type: ignore[arg-type]
+    return list(dict.items(_mapped(obj)))
+
+
+def item(obj: Any, key: Any) -> Any:
+    """``obj[key]`` by the built-in container's own lookup (not a subclass's)."""
+    for base in (dict, *_SEQUENCES):
+        if isinstance(obj, base):
+            return base.__getitem__(obj, key)  # type: ignore[operator,index]
+    if type(obj) is types.MappingProxyType:
+        return dict.__getitem__(_mapped(obj), key)
+    raise Gone("not a container any more")
+
+
+def _mapped(proxy: types.MappingProxyType) -> Any:
+    """The mapping behind a ``MappingProxyType`` (it has no attribute for it)."""
+    refs = gc.get_referents(proxy)
+    return refs[0] if len(refs) == 1 else None
+
+
+def type_lookup(cls: type, name: str) -> Any:
+    """``name`` as the class (or a base) defines it, without running any of its code."""
+    for klass in cls.__mro__:
+        found = klass.__dict__.get(name, _MISSING)
+        if found is not _MISSING:
+            return found
+    return None
+
+
+_MISSING = object()
+
+
+def instance_dict(obj: Any) -> dict | None:
+    """``obj.__dict__`` through the interpreter's own descriptor; None where the class
+    has none or defines ``__dict__`` itself (a property of a proxy: user code).
+
+    >>> class Proxy:
+    ...     @property
+    ...     def __dict__(self):
+    ...         raise RuntimeError("user code")
+    >>> instance_dict(Proxy()) is None
+    True
+    """
+    descr = type_lookup(type(obj), "__dict__")
+    if type(descr) not in (types.GetSetDescriptorType, types.MemberDescriptorType):
+        return None  # the interpreter's own accessors only (a module's is a member)
+    own = descr.__get__(obj, type(obj))
+    return own if type(own) is dict else None
+
+
+def safe_getattr(obj: Any, name: str) -> Any:
+    """``obj.name`` where it is a plain value: the instance's own (or a slot's), else the
+    class's data; AttributeError where reading it would run code (a property, a
+    ``__getattr__``)."""
+    if isinstance(obj, type):
+        found = type_lookup(obj, name)
+        if found is None or hasattr(type(found), "__get__"):
+            raise AttributeError(name)
+        return found
+    own = instance_dict(obj)
+    if own is not None and name in own:
+        return own[name]
+    found = type_lookup(type(obj), name)
+    if type(found) is types.MemberDescriptorType:  # a slot (raises if unset)
+        return found.__get__(obj, type(obj))
+    if found is None or hasattr(type(found), "__get__"):
+        raise AttributeError(name)
+    return found

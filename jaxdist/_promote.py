@@ -1,0 +1,168 @@
+"""Python numbers in a step's state as traced inputs, as Python numbers in ``args`` are.
+
+A trace bakes in the Python numbers the step reads (``self.lr``, a ``global CALLS``).
+When one of them changes between calls (a schedule the host sets, a counter the step
+increments), tracing again for every value would compile without end. Instead, the
+next trace of that step's code reads a tracer at that place: jaxdist puts a tracer
+there for the length of the trace (`swapped`) and puts the number back after, so the
+program takes the number as an input from then on: one more compile in total. A value
+the step writes there (``self.calls += 1``) becomes an output, written back as a
+Python number of the same type after each call (TF eager runs the step's Python on
+every call; the count is the same).
+
+Where the step needs the concrete value (``range(self.n)``, ``if self.lr > 0``), the
+trace with a tracer fails; the number stays part of the trace (`make_static`), as a
+static argument is. Only places the step's state owns outright are written: an
+instance's own attribute, a dict or list item, a global, a closure cell, a function
+attribute, a class attribute.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxdist import _capture, _peek
+from jaxdist._capture import Chain
+
+_MAX_CODES = 256
+_PROMOTED: collections.OrderedDict = collections.OrderedDict()  # code -> {chain}
+_STATIC: collections.OrderedDict = collections.OrderedDict()  # code -> {chain}
+
+
+def is_number(x: Any) -> bool:
+    """A Python int or float (not a bool: a bool decides Python control flow).
+
+    >>> is_number(1), is_number(0.5), is_number(True)
+    (True, True, False)
+    """
+    return type(x) in (int, float)
+
+
+def _code(fn: Callable) -> Any:
+    return getattr(getattr(fn, "__func__", fn), "__code__", None)
+
+
+def _remembered(table: collections.OrderedDict, code: Any) -> set:
+    chains = table.setdefault(code, set())
+    table.move_to_end(code)
+    while len(table) > _MAX_CODES:
+        table.popitem(last=False)
+    return chains
+
+
+def remember(fn: Callable, chains: Sequence[Chain]) -> bool:
+    """Records that ``fn``'s code reads changing numbers at ``chains``; False when none
+    of them can become an input (not writable, or the step needs its value)."""
+    code = _code(fn)
+    static = _STATIC.get(code, set())
+    new = [c for c in chains if c not in static and writable(fn, c)]
+    if code is None or not new:
+        return False
+    _remembered(_PROMOTED, code).update(new)
+    return True
+
+
+def make_static(fn: Callable, chains: Sequence[Chain]) -> None:
+    """The step needs these numbers' values: they stay part of its traces."""
+    code = _code(fn)
+    _remembered(_STATIC, code).update(chains)
+    _PROMOTED.get(code, set()).difference_update(chains)
+
+
+def promoted(fn: Callable) -> tuple[Chain, ...]:
+    """The chains of ``fn``'s code that are traced inputs and hold a number now."""
+    chains = _PROMOTED.get(_code(fn), ())
+    out = []
+    for chain in sorted(chains, key=repr):
+        try:
+            if is_number(_capture.fetch(fn, chain)):
+                out.append(chain)
+        except _capture.Gone:
+            continue
+    return tuple(out)
+
+
+def spec(value: Any) -> jax.ShapeDtypeStruct:
+    """The abstract value JAX gives a Python number passed as an argument (weak type)."""
+    aval = jax.typeof(value)
+    return jax.ShapeDtypeStruct((), aval.dtype, weak_type=True)
+
+
+def writable(fn: Callable, chain: Chain) -> bool:
+    kind, _ = chain[-1]
+    if kind not in _SETTERS:
+        return False
+    try:
+        parent = _capture.fetch(fn, chain[:-1])
+    except _capture.Gone:
+        return False
+    if kind == "item":
+        return type(parent) in (dict, list) or isinstance(parent, (dict, list))
+    if kind == "attr":
+        return _peek.instance_dict(parent) is not None
+    if kind == "getattr":
+        return isinstance(parent, type)
+    return True
+
+
+def put(fn: Callable, chain: Chain, value: Any) -> None:
+    """Stores ``value`` at the end of ``chain`` (a place `writable` accepts)."""
+    kind, key = chain[-1]
+    _SETTERS[kind](_capture.fetch(fn, chain[:-1]), key, value)
+
+
+def _set_item(parent: Any, key: Any, value: Any) -> None:
+    (dict.__setitem__ if isinstance(parent, dict) else list.__setitem__)(parent, key, value)
+
+
+_SETTERS: dict[str, Callable[[Any, Any, Any], None]] = {
+    "attr": lambda o, k, v: (_peek.instance_dict(o) or {}).__setitem__(k, v),
+    "item": _set_item,
+    "global": lambda o, k, v: o.__globals__.__setitem__(k, v),
+    "cell": lambda o, k, v: setattr(o.__closure__[k], "cell_contents", v),
+    "fattr": lambda o, k, v: o.__dict__.__setitem__(k, v),
+    "getattr": lambda o, k, v: type.__setattr__(o, k, v),
+}
+
+
+class Swapped:
+    """Within ``with``: the tracers at ``chains``; after: the numbers back, and in
+    ``written`` the values the step stored at them (index and value)."""
+
+    def __init__(self, fn: Callable, chains: Sequence[Chain], tracers: Sequence[Any]) -> None:
+        self._fn, self._chains, self._tracers = fn, chains, tracers
+        self._saved: list = []
+        self.written: list[tuple[int, Any]] = []
+
+    def __enter__(self) -> Swapped:
+        for chain, tracer in zip(self._chains, self._tracers):
+            self._saved.append(_capture.fetch(self._fn, chain))
+            put(self._fn, chain, tracer)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for i, (chain, tracer, old) in enumerate(zip(self._chains, self._tracers, self._saved)):
+            try:
+                now = _capture.fetch(self._fn, chain)
+            except _capture.Gone:
+                now = tracer
+            if now is not tracer:
+                self.written.append((i, now))
+            put(self._fn, chain, old)
+
+
+def write_back(fn: Callable, chains: Sequence[Chain], written: list, values: list) -> None:
+    """Stores each written value (replica 0's, a Python number of the type there now)."""
+    for (i, _), value in zip(written, values):
+        try:
+            old = _capture.fetch(fn, chains[i])
+        except _capture.Gone:
+            continue
+        row = np.asarray(value)
+        number = row.reshape(-1)[0].item() if row.size else row.item()
+        put(fn, chains[i], type(old)(number) if is_number(old) else number)
