@@ -18,8 +18,8 @@ accessors), so lazy containers, proxies and loggers on the object are not woken.
 
 Only what can be reached from the step function is seen: arrays that the step
 reaches only through calls (a function returning a module's private array) or
-through an installed package's globals stay constants of the program (the README's
-table).
+through an installed package's globals stay constants of the program (the table in
+docs/guides/state.md).
 """
 
 from __future__ import annotations

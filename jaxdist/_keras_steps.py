@@ -98,7 +98,7 @@ def _check_overrides(model: Any, kind: str) -> None:
         raise NotImplementedError(
             f"{type(model).__name__} overrides {name}; under a jaxdist strategy model.fit/"
             "evaluate/predict run Keras' own steps per replica. Write the loop yourself "
-            "(README, 'Keras': custom training loops with stateless_call and strategy.run)."
+            "(docs/guides/keras.md: custom training loops with stateless_call and strategy.run)."
         )
 
 
@@ -261,7 +261,7 @@ class StepFunction:
 
     def _eager(self, state: Any, copies: tuple, batch: Any, whole: bool) -> tuple:
         """The step outside jax.jit, on this worker's copy of the state: a partial batch
-        across workers, which jaxdist traces only eagerly (README, Limits)."""
+        across workers, which jaxdist traces only eagerly (docs/guides/guarantees.md, Limits)."""
         local = (jax.tree.map(np.asarray, state), jax.tree.map(np.asarray, copies))
         out = self.strategy.run(self._replica, args=(*local, batch))
 

@@ -9,6 +9,7 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402
 
 import jaxdist as jd  # noqa: E402
@@ -87,6 +88,30 @@ def devices_of(value) -> tuple:
     a plain array, as one replica gives, is its one component)."""
     values = value.values if isinstance(value, jd.DistributedValues) else (value,)
     return tuple(next(iter(x.devices())) for x in values)
+
+
+@pytest.fixture(params=["r1", "r2", "r8", "one_device"])
+def strat(request):
+    """1, 2 and 8 replicas and `OneDeviceStrategy` (the state-reading tests' topologies)."""
+    if request.param == "one_device":
+        return jd.OneDeviceStrategy("/cpu:0")
+    return mirrored(int(request.param[1:]))
+
+
+def ones_batch(s, rows=8):
+    """``rows`` ones split over the replicas (``rows / R`` each): the all-reduced sum is rows."""
+    n = s.num_replicas_in_sync
+    return s.experimental_distribute_values_from_function(lambda c: jnp.ones(rows // n))
+
+
+def total(x):
+    """The all-reduced sum of ``x`` (inside a step)."""
+    return jd.get_replica_context().all_reduce("SUM", jnp.sum(x))
+
+
+def run_local(s, fn, x):
+    """``fn(x)`` run on ``s``, replica 0's result as a float."""
+    return float(s.experimental_local_results(s.run(fn, args=(x,)))[0])
 
 
 def pytest_report_header(config):

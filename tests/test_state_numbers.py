@@ -9,30 +9,9 @@ returning ``number * total(x)`` gives 8 times the number it read.
 import gc
 
 import jax.numpy as jnp
-import pytest
-from conftest import mirrored
+from conftest import mirrored, ones_batch, run_local, total
 
 import jaxdist as jd
-
-
-@pytest.fixture(params=["r1", "r2", "r8", "one_device"])
-def strat(request):
-    if request.param == "one_device":
-        return jd.OneDeviceStrategy("/cpu:0")
-    return mirrored(int(request.param[1:]))
-
-
-def ones_batch(s):
-    n = s.num_replicas_in_sync
-    return s.experimental_distribute_values_from_function(lambda c: jnp.ones(8 // n))
-
-
-def total(x):
-    return jd.get_replica_context().all_reduce("SUM", jnp.sum(x))
-
-
-def run_local(s, fn, x):
-    return float(s.experimental_local_results(s.run(fn, args=(x,)))[0])
 
 
 class Counter:

@@ -11,26 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import mirrored
+from conftest import ones_batch, total
 
 import jaxdist as jd
-
-
-@pytest.fixture(params=["r1", "r2", "r8", "one_device"])
-def strat(request):
-    if request.param == "one_device":
-        return jd.OneDeviceStrategy("/cpu:0")
-    return mirrored(int(request.param[1:]))
-
-
-def ones_batch(s, rows=8):
-    """``rows`` ones split over the replicas (``rows / R`` each): the all-reduced sum is rows."""
-    n = s.num_replicas_in_sync
-    return s.experimental_distribute_values_from_function(lambda c: jnp.ones(rows // n))
-
-
-def total(x):
-    return jd.get_replica_context().all_reduce("SUM", jnp.sum(x))
 
 
 def local(s, out):
