@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import mirrored
+from conftest import mirrored, require
 
 import jaxdist as jd
 
@@ -513,9 +513,9 @@ def test_one_dict_read_under_two_names_then_rebound_under_one(strategy):
 def test_a_flax_train_state_on_the_trainer_is_traced_once():
     """TrainState.apply_gradients counts its Python int ``step``; a step that does not
     read it must not be traced again on every call (it was: 1 trace per call)."""
-    optax = pytest.importorskip("optax")
-    nn = pytest.importorskip("flax.linen")
-    train_state = pytest.importorskip("flax.training.train_state")
+    optax = require("optax")
+    nn = require("flax.linen")
+    train_state = require("flax.training.train_state")
     s, dense = mirrored(4), nn.Dense(1)
     init = dense.init(jax.random.key(0), jnp.ones((1, 2)))
     data = np.arange(8, dtype=np.float32).reshape(4, 2)

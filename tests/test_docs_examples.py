@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import dev_required
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -60,6 +61,8 @@ def test_page_examples_run(page, tmp_path):
     code = "\n".join(python_blocks(page))
     for needed in ("keras", "orbax"):  # optional dependencies (the dev extra has them)
         if re.search(rf"^\s*import {needed}", code, re.M) and not importlib.util.find_spec(needed):
+            if dev_required():  # make test and CI install the dev extra: a failure there
+                pytest.fail(f"{needed} (a dev dependency) is not installed")
             pytest.skip(f"{needed} is not installed")
     env = dict(os.environ)
     env.update(

@@ -10,13 +10,18 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
-keras = pytest.importorskip("keras")
+from conftest import dev_required, mirrored, require  # noqa: E402
 
-from conftest import mirrored  # noqa: E402
+keras = require("keras")
 
 import jaxdist as jd  # noqa: E402
 
-pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax", reason="needs KERAS_BACKEND=jax")
+if keras.backend.backend() != "jax":  # Keras was imported first with another backend
+    if dev_required():
+        raise RuntimeError(
+            f"tests/test_keras_fused.py needs KERAS_BACKEND=jax; got {keras.backend.backend()}"
+        )
+    pytest.skip("needs KERAS_BACKEND=jax", allow_module_level=True)
 
 rng = np.random.default_rng(3)
 ROWS, BATCH = 330, 32  # 10 full batches and a partial one of 10 rows

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ones_batch, total
+from conftest import ones_batch, require, total
 
 import jaxdist as jd
 
@@ -49,8 +49,8 @@ def test_state_many_dict_levels_deep_is_fresh(strat, levels):
 def test_optax_adam_over_a_flax_model_read_from_self_matches_one_device(strat):
     """An optax Adam state over a flax model (10+ levels): every leaf is read afresh, so
     the parameters after 4 steps are one device's (80 of 91 leaves stayed frozen)."""
-    optax = pytest.importorskip("optax")
-    nn = pytest.importorskip("flax.linen")
+    optax = require("optax")
+    nn = require("flax.linen")
 
     class Block(nn.Module):
         @nn.compact
