@@ -43,6 +43,12 @@ _MAX_NODES = 200_000  # objects looked at per trace; past it, a warning (`locate
 _OPAQUE = (types.ModuleType, types.BuiltinFunctionType, str, bytes, int, float, complex)
 
 
+# chain steps whose string value may be an attribute name the code reads by
+# (``NAME = "lr"`` then ``getattr(t, NAME)``; ``self.key``; a default argument)
+_HOLDERS = frozenset(
+    ("cell", "global", "default", "kwdefault", "parg", "pkw", "attr", "getattr", "fattr")
+)
+
 Gone = _peek.Gone  # the value a chain led to is no longer there
 
 
@@ -212,6 +218,8 @@ def walk(fn: Callable, named: set[str], limits: dict | None = None) -> Iterator[
                     nodes += 1
                     here = (*chain, step)
                     yield here, child
+                    if not later and type(child) is str and step[0] in _HOLDERS:
+                        _names.add_held_name(child, here, named, is_named)
                     if seen.get(id(child), 0) < 2 and _expandable(child):
                         named_here = is_named(here, named)
                         if id(child) in seen and not named_here:

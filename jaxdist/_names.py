@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import dis
 import functools
+import os
+import sys
+import sysconfig
 import types
 import weakref
 from typing import Any
@@ -78,8 +81,64 @@ def imported_modules(code: types.CodeType) -> frozenset[str]:
 
 @functools.lru_cache(maxsize=1024)
 def code_names(code: types.CodeType) -> frozenset[str]:
-    """The global and attribute names a code object (and the code nested in it) uses."""
-    return frozenset(_code_names(code))
+    """The global and attribute names a code object (and the code nested in it) uses;
+    `BY_NAME` among them when it is the program's own code (not the standard library,
+    an installed package or jaxdist) and reads attributes by a computed name."""
+    names = _code_names(code)
+    if reads_by_name(code) and _users(code.co_filename):
+        names.add(BY_NAME)
+    return frozenset(names)
+
+
+BY_NAME = "<by name>"  # not an identifier: never an attribute's name
+
+
+def _users(filename: str) -> bool:
+    """A file of the user's program: not an installed package, the standard library
+    or jaxdist itself."""
+    if "site-packages" in filename or "dist-packages" in filename:
+        return False
+    here = os.path.dirname(os.path.abspath(__file__))
+    return not filename.startswith((here, _STDLIB))
+
+
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+def users_class(cls: type) -> bool:
+    """A class of the user's program (`_users`), a notebook's included."""
+    module = sys.modules.get(cls.__module__)
+    filename = getattr(module, "__file__", None) if module is not None else None
+    if filename is None:  # ``__main__`` of a notebook or an interactive session
+        return cls.__module__ == "__main__"
+    return _users(filename)
+
+
+def add_held_name(value: str, chain: tuple, named: set[str], is_named: Any) -> None:
+    """Adds to ``named`` a string the code holds under names it uses (a global
+    ``NAME = "lr"``, ``self.key``, a default argument): the code may read an
+    attribute by it (``getattr(t, NAME)``)."""
+    if value.isidentifier() and value not in named and is_named(chain, named):
+        named.add(value)
+
+
+@functools.lru_cache(maxsize=1024)
+def reads_by_name(code: types.CodeType) -> bool:
+    """Whether a code object (or the code nested in it) reads attributes by a name
+    it computes: it calls ``getattr``, ``vars`` or ``operator.attrgetter``, or reads
+    ``__dict__``. Then any attribute of an object it reaches may be one it reads.
+
+    >>> def step(t, name):
+    ...     return getattr(t, name)
+    >>> reads_by_name(step.__code__)
+    True
+    """
+    if set(code.co_names) & _BY_NAME:
+        return True
+    return any(isinstance(c, types.CodeType) and reads_by_name(c) for c in code.co_consts)
+
+
+_BY_NAME = frozenset(("getattr", "vars", "attrgetter", "__dict__"))
 
 
 def add_names(obj: Any, named: set[str]) -> None:

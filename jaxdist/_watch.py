@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdist import _capture, _peek
+from jaxdist import _capture, _names, _peek
 from jaxdist._capture import Chain
 
 
@@ -90,7 +90,8 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
         elif callable(value):
             out.append((chain, value, "ident"))
     keys = named | _code_strings(fn)
-    out = [w for w in out if _capture.is_named(w[0], named)]
+    by_name = _names.BY_NAME in named
+    out = [w for w in out if _capture.is_named(w[0], named) or (by_name and _by_name(fn, w, named))]
     out.sort(key=lambda w: (not all(k in keys for kind, k in w[0] if kind == "item"), _ORDER[w[2]]))
     if len(out) > _MAX_WATCHED:
         warnings.warn(
@@ -102,6 +103,24 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
             stacklevel=6,
         )
     return tuple(out[:_MAX_WATCHED])
+
+
+def _by_name(fn: Callable, watched: tuple[Chain, Any, str], named: set[str]) -> bool:
+    """A number, string or None in attributes (at any depth) of objects of the
+    program's own classes reached through names the code uses: code that reads
+    attributes by computed names (``getattr(t, name)``, ``name`` from anywhere) may
+    read it. (A library's objects, a Keras model's layers, are read by their names.)"""
+    chain, value, how = watched
+    n = len(chain)
+    while n and chain[n - 1][0] in ("attr", "getattr"):
+        n -= 1
+    if how != "value" or n == len(chain) or not _capture.is_named(chain[:n], named):
+        return False
+    try:
+        owners = [_capture.fetch(fn, chain[:i]) for i in range(n, len(chain))]
+    except _capture.Gone:
+        return False
+    return all(_names.users_class(type(o)) for o in owners)
 
 
 def _plain_callable(value: Any) -> bool:

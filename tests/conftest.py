@@ -109,9 +109,9 @@ def total(x):
     return jd.get_replica_context().all_reduce("SUM", jnp.sum(x))
 
 
-def run_local(s, fn, x):
-    """``fn(x)`` run on ``s``, replica 0's result as a float."""
-    return float(s.experimental_local_results(s.run(fn, args=(x,)))[0])
+def run_local(s, fn, x, *more):
+    """``fn(x, *more)`` run on ``s``, replica 0's result as a float."""
+    return float(s.experimental_local_results(s.run(fn, args=(x, *more)))[0])
 
 
 def pytest_report_header(config):

@@ -39,7 +39,10 @@ def _run(code, devices, **env):
     full.update(env)
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True, text=True, timeout=240, env=full,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=full,
     )
 
 

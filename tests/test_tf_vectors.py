@@ -110,5 +110,3 @@ def test_collective_gradients_on_a_partial_batch_match_tf(jitted):
     assert run(reduce_grad, [[1.0]] * 4) == full
     gathered = _tf_values(ANSWERS["grad.all_gather_partial_4r"]["result"]["grad"])
     assert run(gather_grad, [[1.0], [2.0], [3.0]]) == gathered == [4.0, 16.0, 36.0, 0.0]
-
-
