@@ -20,6 +20,7 @@ attribute, a class attribute.
 from __future__ import annotations
 
 import collections
+import contextvars
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -132,20 +133,52 @@ _SETTERS: dict[str, Callable[[Any, Any, Any], None]] = {
 
 class Swapped:
     """Within ``with``: the tracers at ``chains``; after: the numbers back, and in
-    ``written`` the values the step stored at them (index and value)."""
+    ``written`` the values the step stored at them (index and value).
+
+    A partial-batch step traces the step once per group of replicas, each in a trace
+    of its own inside this one (`jaxdist._replay`): each group starts from the
+    tracers (`restart`), gives what it wrote as outputs of its own trace
+    (`pending`), and the values replica 0 computed are what the step wrote (`settle`).
+    """
 
     def __init__(self, fn: Callable, chains: Sequence[Chain], tracers: Sequence[Any]) -> None:
         self._fn, self._chains, self._tracers = fn, chains, tracers
         self._saved: list = []
+        self._token: Any = None
         self.written: list[tuple[int, Any]] = []
 
     def __enter__(self) -> Swapped:
         for chain, tracer in zip(self._chains, self._tracers):
             self._saved.append(_capture.fetch(self._fn, chain))
             put(self._fn, chain, tracer)
+        self._token = _ACTIVE.set(self)
         return self
 
+    def restart(self) -> None:
+        """The tracers back at their places (a group's trace begins)."""
+        for chain, tracer in zip(self._chains, self._tracers):
+            put(self._fn, chain, tracer)
+
+    def pending(self) -> list[tuple[int, Any]]:
+        """What the step stored at the places since `restart`: (index, value)."""
+        out = []
+        for i, (chain, tracer) in enumerate(zip(self._chains, self._tracers)):
+            try:
+                now = _capture.fetch(self._fn, chain)
+            except _capture.Gone:
+                continue
+            if now is not tracer:
+                out.append((i, now))
+        return out
+
+    def settle(self, written: Sequence[int], values: Sequence[Any]) -> None:
+        """Stores at the places ``written`` the step's values there (of this trace)."""
+        self.restart()
+        for i, value in zip(written, values):
+            put(self._fn, self._chains[i], value)
+
     def __exit__(self, *exc: Any) -> None:
+        _ACTIVE.reset(self._token)
         for i, (chain, tracer, old) in enumerate(zip(self._chains, self._tracers, self._saved)):
             try:
                 now = _capture.fetch(self._fn, chain)
@@ -154,6 +187,16 @@ class Swapped:
             if now is not tracer:
                 self.written.append((i, now))
             put(self._fn, chain, old)
+
+
+def swapped() -> Swapped | None:
+    """The numbers swapped for tracers in the trace being made, if any."""
+    return _ACTIVE.get()
+
+
+_ACTIVE: contextvars.ContextVar[Swapped | None] = contextvars.ContextVar(
+    "jaxdist_swapped_numbers", default=None
+)
 
 
 def write_back(fn: Callable, chains: Sequence[Chain], written: list, values: list) -> None:

@@ -238,7 +238,8 @@ def _run_compiled(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, inp
             info["consts"] = [None if is_tracer(x) else (x,) for x in out_leaves]
             return [x for x in out_leaves if is_tracer(x)]
 
-        staged = Staged(fn, program, avals, outputs=lambda: [c[0] for c in info["consts"] if c])
+        outputs = lambda: [c[0] for c in info["consts"] if c]  # noqa: E731
+        staged = Staged(fn, program, avals, outputs=outputs, numbers=True)
         options = _compile.quick_options(replicas)
         return jax.jit(staged.evaluate, compiler_options=options), info, staged
 
@@ -248,7 +249,9 @@ def _run_compiled(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, inp
     )
     first = [replicas.first_device] * len(arrays)
     host = [_host_view(flat[i], replicas) for i in arrays]
-    traced = iter(program(*jax.device_put(host, first), *extra))
+    outs = program(*jax.device_put(host, first), *extra)
+    staged.write_back(fn, outs)  # Python numbers the step changed in its state
+    traced = iter(outs)
     out = [next(traced) if c is None else staged.output(fn, c[0]) for c in info["consts"]]
     return _to_replicas(jax.tree.unflatten(info["treedef"], out), replicas)
 

@@ -43,7 +43,7 @@ from jax import lax
 from jax.extend import core
 from jax.interpreters import ad, batching
 
-from jaxdist import _compile, _context, _lockstep
+from jaxdist import _compile, _context, _lockstep, _promote
 from jaxdist._devices import AXIS
 from jaxdist._layout import as_array, is_array
 from jaxdist._replica_context import (
@@ -279,6 +279,7 @@ class _Traced(NamedTuple):
     out_tree: Any
     layout: list  # per output leaf: None (computed) or (constant,)
     trace: Any  # the trace that made the jaxpr (dead: a value of it is a leak)
+    written: list  # the state's numbers it stored (`_promote.Swapped`): last outputs
 
 
 def _collectives(
@@ -336,11 +337,17 @@ def trace_group(
         collectives = _collectives(strategy, cdo, gathers.n, members, gathers, devices)
         ctx = make_replica_context(strategy, collectives)
         info["trace"] = trace = _compile.current_trace()
+        swap = _promote.swapped()  # numbers of the state that are inputs: each group
+        if swap is not None:  # starts from them, and gives what it stores there
+            swap.restart()
         with _context.enter(_context.replica_state(strategy, ctx)):
             out = fn(*args, **kwargs)
+        written = swap.pending() if swap is not None else []
+        info["written"] = [i for i, _ in written]
         out_leaves, info["tree"] = jax.tree.flatten(out)
         info["layout"] = [None if _compile.is_inner_tracer(x, trace) else (x,) for x in out_leaves]
-        return [x for x, c in zip(out_leaves, info["layout"]) if c is None]
+        outs = [x for x, c in zip(out_leaves, info["layout"]) if c is None]
+        return outs + [jnp.asarray(v) for _, v in written]
 
     # jit disabled: a `jax.jit` inside fn is traced again in this replica's context, never
     # taken from (or left in) its cache, where a trace made for another context may be.
@@ -350,7 +357,7 @@ def trace_group(
         column = [f[0][k] for f in flat]
         shared = all(x is column[0] for x in column)
         args.append((column[0], False) if shared else (_stacked(column, k, members, stack), True))
-    return _Traced(closed, args, info["tree"], info["layout"], info["trace"])
+    return _Traced(closed, args, info["tree"], info["layout"], info["trace"], info["written"])
 
 
 def _stacked(column: list, k: int, members: tuple, stack: Callable | None) -> Any:
@@ -431,6 +438,7 @@ def trace(
             learnt.merges[e.index] = e.shapes
     else:
         raise RuntimeError(f"A partial-batch step was traced {MAX_PASSES} times without settling.")
+    _settle_numbers(traced[0], results[0])  # groups[0] holds replica 0
     outs: list = [None] * n
     for t, members, values in zip(traced, groups, results):
         split = [_lockstep.rows(v, len(members)) for v in values]
@@ -439,3 +447,11 @@ def trace(
             leaves = [next(it) if c is None else c[0] for c in t.layout]
             outs[i] = jax.tree.unflatten(t.out_tree, leaves)
     return outs, invariant
+
+
+def _settle_numbers(traced: _Traced, values: list) -> None:
+    """The numbers the step stored in its state, as replica 0 computed them."""
+    swap = _promote.swapped()
+    if swap is not None:
+        tail = values[len(values) - len(traced.written) :] if traced.written else []
+        swap.settle(traced.written, [_lockstep.rows(v, 1)[0] for v in tail])

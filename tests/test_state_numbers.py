@@ -9,6 +9,7 @@ returning ``number * total(x)`` gives 8 times the number it read.
 import gc
 
 import jax.numpy as jnp
+import numpy as np
 from conftest import mirrored, ones_batch, run_local, total
 
 import jaxdist as jd
@@ -64,6 +65,32 @@ def test_a_schedule_the_host_changes_costs_one_more_compile_at_most(strat):
         seen.append(run_local(strat, t.step, x))
     assert seen == [8.0 * (0.5 + k) for k in range(200)]
     assert jd.experimental.step_count(t.step) <= 2
+
+
+class CountedSchedule:
+    def __init__(self):
+        self.calls, self.lr = 0, 0.5
+
+    def step(self, x):
+        self.calls += 1
+        return self.calls * total(x) + self.lr
+
+
+def test_numbers_on_the_partial_batch_path_are_inputs_too(strat):
+    """A dataset whose last batch is partial (ragged over the replicas, 3 rows over 2 or
+    8): the counter counts once per call, every replica reads the same count, and
+    neither it nor an epoch schedule compiles again per call."""
+    t, n = CountedSchedule(), strat.num_replicas_in_sync
+    batches = [np.ones((2 * n,), np.float32), np.ones((3,), np.float32)]
+    data = strat.experimental_distribute_dataset(batches)
+    for epoch in range(6):
+        t.lr = 0.5 + epoch
+        for b, rows in zip(data, (2 * n, 3)):
+            got = strat.experimental_local_results(strat.run(t.step, args=(b,)))
+            want = t.calls * rows + t.lr
+            assert [float(v) for v in got] == [want] * n, (epoch, rows)
+    assert t.calls == 12 and type(t.calls) is int
+    assert jd.experimental.step_count(t.step) <= 6  # (full, partial) x (baked, counter, lr)
 
 
 def test_a_number_the_step_needs_concretely_still_gives_its_answer(strat):
