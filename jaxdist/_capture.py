@@ -378,6 +378,16 @@ def fetch(fn: Callable, chain: Chain) -> Any:
     return obj
 
 
+def step(obj: Any, link: tuple) -> Any:
+    """One link of a chain from ``obj`` (raises `Gone` if it is not there)."""
+    try:
+        return _STEPS[link[0]](obj, link[1])
+    except Gone:
+        raise
+    except Exception as e:
+        raise Gone(str(e)) from None
+
+
 def _gone() -> Any:
     raise Gone("the value changed type")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import gc
 import types
+import weakref
 from typing import Any
 
 
@@ -92,11 +93,31 @@ def instance_dict(obj: Any) -> dict | None:
     >>> instance_dict(Proxy()) is None
     True
     """
-    descr = type_lookup(type(obj), "__dict__")
-    if type(descr) not in (types.GetSetDescriptorType, types.MemberDescriptorType):
-        return None  # the interpreter's own accessors only (a module's is a member)
-    own = descr.__get__(obj, type(obj))
+    cls = type(obj)
+    try:
+        descr = _DICT_DESCRIPTORS[cls]
+    except (KeyError, TypeError):
+        descr = _dict_descriptor(cls)
+    if descr is None:
+        return None
+    own = descr.__get__(obj, cls)
     return own if type(own) is dict else None
+
+
+def _dict_descriptor(cls: type) -> Any:
+    """The interpreter's own ``__dict__`` accessor of ``cls`` (a module's is a member),
+    None where it has none or defines ``__dict__`` itself; kept per class."""
+    descr = type_lookup(cls, "__dict__")
+    if type(descr) not in (types.GetSetDescriptorType, types.MemberDescriptorType):
+        descr = None
+    try:
+        _DICT_DESCRIPTORS[cls] = descr
+    except TypeError:  # a class that cannot be weakly referenced
+        pass
+    return descr
+
+
+_DICT_DESCRIPTORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def safe_getattr(obj: Any, name: str) -> Any:

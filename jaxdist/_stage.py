@@ -151,6 +151,7 @@ class Staged:
         self._types = [type(_capture.fetch(fn, c)) for c in numbers_used]
         self._promote = numbers
         self._watched = tuple(w for w in _watch.settle(fn, watched) if w[0] not in numbers_used)
+        self._checker = _watch.Checker(self._watched)
         where = _watch.leaked(fn)
         if where is not None:
             raise RuntimeError(
@@ -233,7 +234,7 @@ class Staged:
         fresh, self._fresh = self._fresh, False  # the call that traced it ran the step
         if captured_ids(fn, self._strict) != self._captured:
             return None
-        if self._watched and not fresh and _watch.changed(fn, self._watched):
+        if self._watched and not fresh and self._checker.changed(fn):
             if self._promote:
                 _promote.remember(fn, _watch.moved_numbers(fn, self._watched))
             return None

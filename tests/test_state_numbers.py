@@ -10,6 +10,7 @@ import gc
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from conftest import mirrored, ones_batch, run_local, total
 
 import jaxdist as jd
@@ -161,3 +162,22 @@ def test_ten_thousand_calls_with_changing_numbers_keep_memory_flat():
     assert t.calls == 10_200
     assert len(traces) <= 3  # the counter's trace twice, the schedule's once
     assert _rss_mb() - before < 20.0
+
+
+def test_past_4096_python_values_the_rest_is_loud_and_the_first_are_current(strat):
+    """A step reading 5,000 Python numbers of its state: the first 4,096 are checked on
+    every call (a change is seen), the rest are named in a warning at the trace."""
+
+    class Table:
+        def __init__(self):
+            self.rows = {f"r{i}": 0.0 for i in range(5000)}
+
+        def step(self, x):
+            return sum(self.rows[f"r{i}"] for i in range(5000)) + total(x)
+
+    t, x = Table(), ones_batch(strat)
+    loud = r"more than 4096 Python values from its state; self.rows\['r40\d\d'\] and 9\d\d more"
+    with pytest.warns(RuntimeWarning, match=loud):
+        assert run_local(strat, t.step, x) == 8.0
+    t.rows["r0"] = 2.0
+    assert run_local(strat, t.step, x) == 10.0
