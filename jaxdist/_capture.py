@@ -17,9 +17,11 @@ no user code: every read goes through `jaxdist._peek` (the object protocol's own
 accessors), so lazy containers, proxies and loggers on the object are not woken.
 
 Only what can be reached from the step function is seen: arrays that the step
-reaches only through calls (a function returning a module's private array) or
-through an installed package's globals stay constants of the program (the table in
-docs/guides/state.md).
+reaches otherwise (an installed package's globals, an object held only by a C
+extension) stay constants of the program, and `jaxdist._stage` warns at the trace
+when a constant is an array that existed before it (the table in
+docs/guides/state.md). Python numbers read by a name the code computes
+(``getattr(t, name)``) are `jaxdist._watch`'s.
 """
 
 from __future__ import annotations

@@ -92,6 +92,27 @@ def _filled(cell: Any) -> bool:
     return True
 
 
+def _warn_unfound_arrays(fn: Callable, unfound: list) -> None:
+    """Warns once per trace where the step read JAX arrays that existed before its trace
+    but are not where jaxdist looks for state (an installed package's global, an object
+    reached only through a C extension or a call it cannot follow): each stays a
+    constant of the program."""
+    arrays = [c for c in unfound if isinstance(c, jax.Array)]
+    if not arrays:
+        return
+    what = ", ".join(f"{c.dtype}{list(c.shape)}" for c in arrays[:3])
+    warnings.warn(
+        f"The step {describe(fn)} read {len(arrays)} JAX array(s) ({what}) that jaxdist "
+        "could not find in the state it can reach from the step (its closure, globals, "
+        "object and what they hold): an installed package's global, or an object reached "
+        "only through a call. Each is a constant of the compiled step, so a later change "
+        "is not seen. Pass it to strategy.run as an argument, or keep it on the step's "
+        "object or in a global of your program.",
+        RuntimeWarning,
+        stacklevel=5,
+    )
+
+
 def _warn_numpy_copies(fn: Callable, unfound: list) -> None:
     """Warns once per trace where a step whose state holds NumPy arrays made a NumPy
     array jaxdist cannot trace back to it (``np.exp(self.w)``, a view of a Fortran-ordered
@@ -140,6 +161,7 @@ class Staged:
         # 1``) makes the number an input of the program (`jaxdist._promote`)
         watched = _watch.watch(fn)
         first = _promote.promoted(fn) if numbers else ()
+        before = {id(a): a for a in jax.live_arrays()}  # kept: no id is reused meanwhile
         closed, numbers_used = self._trace(fn, body, examples, axis_env, first)
         counters = _watch.moved_numbers(fn, watched) if numbers else []
         if counters and _promote.remember(fn, counters):  # numbers the step changed
@@ -167,8 +189,12 @@ class Staged:
         found = _capture.locate_all(fn, consts + out_consts, limits) if consts or out_consts else []
         chains = [c[0] if c else None for c in found]
         _check_not_stacked(fn, chains[: len(consts)], consts)
+        unfound = [c for c, ch in zip(consts, chains) if ch is None]
         if limits.get("numpy"):
-            _warn_numpy_copies(fn, [c for c, ch in zip(consts, chains) if ch is None])
+            _warn_numpy_copies(fn, unfound)
+        if not limits.get("truncated"):  # (`locate_all` has warned then)
+            _warn_unfound_arrays(fn, [c for c in unfound if id(c) in before])
+        del before
         lifted = [(i, c) for i, c in enumerate(chains[: len(consts)]) if c is not None]
         self._lifted = [(i, c, np.shape(consts[i]), consts[i].dtype) for i, c in lifted]
         # one array read under two names was traced as one: valid while they hold one array

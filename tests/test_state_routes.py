@@ -372,3 +372,23 @@ def test_finding_state_runs_no_user_code(strat):
     assert seen == [8.0, 16.0, 24.0]
     assert CALLS == []
     assert next(t.rows) == 0  # the generator was not consumed
+
+
+def test_an_array_jaxdist_cannot_find_is_loud_not_silent(strat, monkeypatch):
+    """An installed package's global (not the program's state: jaxdist does not look
+    there) read by the step: a constant of its program, and a warning says so."""
+    pkg = types.ModuleType("installed_pkg")
+    pkg.__file__ = "/usr/lib/python3/site-packages/installed_pkg/__init__.py"
+    pkg.W = jnp.ones(8)
+    monkeypatch.setitem(sys.modules, "installed_pkg", pkg)
+
+    def step(x):
+        import installed_pkg
+
+        return jnp.sum(installed_pkg.W) * total(x)
+
+    with pytest.warns(RuntimeWarning, match=r"read 1 JAX array\(s\) \(float32\[8\]\) that jaxdist"):
+        assert run_local(strat, step, ones_batch(strat)) == 64.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # arrays made inside the step are not state
+        assert run_local(strat, lambda x: jnp.arange(3.0).sum() * total(x), ones_batch(strat)) == 24
