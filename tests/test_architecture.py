@@ -5,6 +5,7 @@ import ast
 import gc
 import graphlib
 import pathlib
+import re
 import threading
 import weakref
 
@@ -42,6 +43,29 @@ def test_module_graph_has_no_cycle():
     graph = {m: _imports(t) & set(modules) - {m, "__init__"} for m, t in modules.items()}
     order = list(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError
     assert set(order) == set(modules)
+
+
+def _layers():
+    """Each module's layer, from the table of docs/architecture.md (the map of record)."""
+    out = {}
+    for line in (ROOT / "docs" / "architecture.md").read_text().splitlines():
+        row = re.match(r"\| (\d+)(?:-\d+)? \| (.*?) \|", line)
+        for name in re.findall(r"`(\w+)`", row[2]) if row else ():
+            assert name not in out, f"{name} is in two layers"
+            out[name] = int(row[1])
+    return out
+
+
+def test_every_module_is_in_the_layer_table_and_imports_only_from_below():
+    layers, modules = _layers(), {p.stem: t for p, t in _trees("jaxdist")}
+    assert not set(modules) - set(layers), "modules missing from docs/architecture.md"
+    upward = [
+        (m, layers[m], d, layers[d])
+        for m, t in modules.items()
+        for d in _imports(t) & set(modules)
+        if layers[d] > layers[m]
+    ]
+    assert not upward, upward
 
 
 def test_jaxdist_imports_are_top_level():
