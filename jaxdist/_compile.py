@@ -78,6 +78,30 @@ def spmd(fn: Callable, replicas: Replicas, in_axes: tuple) -> Callable:
     return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=split, check_vma=False)
 
 
+def rows_as_replicated(arrays: list, replicas: Replicas) -> list:
+    """Inside a trace: stacked ``arrays`` whose rows are one value on every replica (a
+    variable updated with all-reduced gradients) as replicated arrays, each replica
+    device keeping its own row. Nothing moves between devices; replica 0's row made
+    replicated would be copied to every device (a broadcast of the whole state on
+    every step). TF's mirrored variables are kept the same way: each replica applies
+    the same update to its own copy."""
+    if not arrays:
+        return []
+    split, whole = replicas.sharding.spec, replicas.replicated.spec
+
+    def rows(*xs: Any) -> list:
+        return [x[0] for x in xs]
+
+    local = jax.shard_map(
+        rows,
+        mesh=replicas.sharding.mesh,
+        in_specs=tuple(split for _ in arrays),
+        out_specs=whole,
+        check_vma=False,
+    )
+    return local(*arrays)
+
+
 def is_fake_pmap() -> bool:
     """Whether `jax.pmap` is replaced (e.g. by `chex.fake_pmap`)."""
     return jax.pmap is not _REAL_PMAP

@@ -53,13 +53,14 @@ import keras
 import numpy as np
 
 from jaxdist import _inflight
+from jaxdist._compile import rows_as_replicated
 from jaxdist._default import get_replica_context
 from jaxdist._input_place import Placer
 from jaxdist._keras_fused import host_split, same_shapes, scan_steps
 from jaxdist._nn import div_no_nan
 from jaxdist._options import InputOptions
 from jaxdist._reduce_op import ReduceOp
-from jaxdist._values import from_stacked
+from jaxdist._values import from_stacked, is_distributed, stacked
 
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """model -> (the primaries of its per-replica variables, as last returned; all replicas' copies)."""
@@ -126,6 +127,7 @@ class StepFunction:
         self._batches: Any = None
         self._jitted = jax.jit(self._program, static_argnums=3, donate_argnums=(0, 1))
         replicas = strategy.extended.replicas
+        self._replicas = replicas
         self._n = replicas.num
         self._device = replicas.devices[0]
         self._placer = Placer(replicas, True)
@@ -280,11 +282,30 @@ class StepFunction:
         else:
             outputs = first(outputs)[0]
         copies = tuple(s.gather(c, axis=0) for c in copies)
-        state = list(first(state)[0])
+        state = self._same_everywhere(state, list(first(state)[0]))
         state[1] = list(state[1])
         for k, i in enumerate(self.layout.own):  # replica 0's copy (TF's primary)
             state[1][i] = copies[k][0]
         return outputs, place(tuple(state)), place(copies)
+
+    def _same_everywhere(self, out: Any, state: list) -> list:
+        """``state`` (replica 0's) with the variables that are one value on every replica
+        (trainable, optimizer and metric variables; all-reduced non-trainable ones) kept
+        where each replica computed them (`rows_as_replicated`): no copy of the model
+        from replica 0 to the others on every step."""
+        if self._n == 1:
+            return state
+        same = [
+            (p, i)
+            for p, part in enumerate(out)
+            for i, v in enumerate(part)
+            if (p != 1 or i in self.layout.mean + self.layout.sum) and is_distributed(v)
+        ]
+        rows = rows_as_replicated([stacked(out[p][i]) for p, i in same], self._replicas)
+        state = [list(part) for part in state]
+        for (p, i), v in zip(same, rows):
+            state[p][i] = v
+        return state
 
     def _replica(self, state: Any, copies: tuple, data: Any) -> tuple:
         ctx = get_replica_context()

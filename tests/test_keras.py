@@ -160,6 +160,21 @@ def test_fit_evaluate_predict_match_tf(name, opt, n):
 
 
 @pytest.mark.parametrize("n", REPLICAS, ids=R_IDS)
+@pytest.mark.parametrize("name", ["dense", "bn", "syncbn"])
+def test_every_device_holds_the_same_variables_after_fit(name, n):
+    """Each replica applies the same all-reduced update to its own copy of a mirrored
+    variable (no copy from replica 0 on each step): the copies stay bitwise equal."""
+    model = make(mirrored(n), name, "adam")
+    model.fit(X, Y, **FIT)
+    variables = model.trainable_variables + model.optimizer.variables + model.metrics_variables
+    for v in variables:
+        shards = [np.asarray(s.data) for s in v.value.addressable_shards]
+        assert len(shards) == n, v.path
+        for s in shards[1:]:
+            np.testing.assert_array_equal(s, shards[0], err_msg=v.path)
+
+
+@pytest.mark.parametrize("n", REPLICAS, ids=R_IDS)
 @pytest.mark.parametrize("name", ["dense", "bn"])
 def test_fit_with_sample_weight_matches_tf(name, n):
     model = make(mirrored(n), name)
