@@ -38,7 +38,7 @@ import jax
 import keras
 from keras.src.trainers.data_adapters.data_adapter import DataAdapter
 
-from jaxdist import _context, _keras_steps, _keras_syncbn
+from jaxdist import _context, _keras_replica, _keras_steps, _keras_syncbn
 from jaxdist._input_iter import DistributedDataset
 
 SUPPORTED = ((3, 10), (3, 16))
@@ -100,7 +100,7 @@ class StrategyDistribution(keras.distribution.DataParallel):
         mesh = keras.distribution.DeviceMesh((len(devices),), ["batch"], devices=devices)
         super().__init__(device_mesh=mesh, auto_shard_dataset=False)
         self.strategy_ref = weakref.ref(strategy)
-        self.variable_sharding = _keras_steps.variable_sharding(strategy)
+        self.variable_sharding = _keras_replica.variable_sharding(strategy)
         # this process's first replica device (several workers: device 0 may be another's)
         local = [d for d in devices if d.process_index == jax.process_index()] or devices
         self.data_layout = _OneDeviceLayout(jax.sharding.SingleDeviceSharding(local[0]))
