@@ -18,7 +18,9 @@ distribution -- reaches another):
 * ``fit_one_device``: plain Keras ``fit`` in a process with one CPU device (no jaxdist).
 
 And the tiny one-device case of issue 30: Dense 16-16-4 at batch 32 on one CPU device, plain
-Keras against ``fit`` in a ``jd.MirroredStrategy()`` scope (one replica).
+Keras against ``fit`` in a ``jd.MirroredStrategy()`` scope (one replica); and the same tiny
+model on 8 devices with ``steps_per_execution`` 1, 4 and 16, where dispatch rather than compute
+bounds a step (as on an accelerator), to show what k steps in one program save.
 
 Each worker times one epoch per round when told to; the parent runs the rounds in turn, the order
 rotating every round, and reports per configuration the median ms/step with its range, the median
@@ -49,6 +51,9 @@ LOOPS = [
     ("fit_one_device", "plain", 1, 1, {}),
 ]
 TINY = [("tiny_plain", "plain", 1, 1, {}), ("tiny_jaxdist_one_device", "jaxdist", 1, 1, {})]
+# where dispatch, not compute, bounds a step (the tiny model on 8 devices, as on accelerators):
+# what steps_per_execution=k (k steps, one program) saves
+FUSED = [(f"fit_jaxdist_spe{k}", "jaxdist", k, R, {}) for k in (1, 4, 16)]
 
 
 # -- the worker: one configuration, one process ---------------------------------------------
@@ -288,7 +293,14 @@ def main(quick=False):
     rows, results["tiny"] = _rows(out, "tiny_plain")
     h = header[:2] + [header[2].format("tiny_plain"), header[3]]
     parts += [f"tiny Dense 16-16-4, batch 32, one CPU device, {rounds} rounds", ""]
-    parts += [common.table(h, rows), "", "Targets (issues 26 and 30):", ""]
+    parts += [common.table(h, rows), ""]
+    out = group("tiny", FUSED, rounds)
+    rows, results["tiny8"] = _rows(out, "fit_jaxdist_spe1")
+    h = header[:2] + [header[2].format("fit_jaxdist_spe1"), header[3]]
+    parts += [
+        f"tiny Dense 16-16-4, batch 32, 8 simulated devices: steps_per_execution, {rounds} rounds"
+    ]
+    parts += ["", common.table(h, rows), "", "Targets (issues 26 and 30):", ""]
     parts += [common.table(["target", "measured", "met"], targets(results))]
     return {"title": "bench_keras", **results, "markdown": "\n".join(parts)}
 
@@ -318,6 +330,8 @@ def targets(results):
         row(f"{kind}: first epoch / DataParallel's <= 1.5", first, first and first <= 1.5)
     tiny = results["tiny"]["tiny_jaxdist_one_device"].get("speed_vs_base")
     row("tiny: one-device scope speed / plain Keras >= 0.95", tiny, tiny and tiny >= 0.95)
+    fused = results["tiny8"]["fit_jaxdist_spe16"].get("speed_vs_base")
+    row("tiny, 8 devices: steps_per_execution=16 speed-up > 1", fused, fused and fused > 1)
     return rows
 
 
