@@ -380,6 +380,39 @@ def fetch(fn: Callable, chain: Chain) -> Any:
     return obj
 
 
+class Fetcher:
+    """`fetch` of many chains at once, as a tree: each object on the way is read once
+    (10,000 parameters under ``self.params`` are 10,000 item reads, not 30,000 links)."""
+
+    def __init__(self, chains: list) -> None:
+        self._root: dict = {}
+        self._n = len(chains)
+        for i, chain in enumerate(chains):
+            node = self._root
+            for link in chain:
+                node = node.setdefault(link, {})
+            node.setdefault(None, []).append(i)
+
+    def values(self, fn: Callable) -> list:
+        """The value at the end of each chain now (raises `Gone` if one is not there)."""
+        out: list = [None] * self._n
+        _collect(fn, self._root, out)
+        return out
+
+
+def _collect(obj: Any, node: dict, out: list) -> None:
+    for link, sub in node.items():
+        if link is None:
+            for i in sub:
+                out[i] = obj
+        elif len(sub) == 1 and None in sub:  # a chain's last link: no call deeper
+            value = step(obj, link)
+            for i in sub[None]:
+                out[i] = value
+        else:
+            _collect(step(obj, link), sub, out)
+
+
 def step(obj: Any, link: tuple) -> Any:
     """One link of a chain from ``obj`` (raises `Gone` if it is not there)."""
     try:

@@ -131,10 +131,11 @@ class StepFunction:
         self._device = replicas.devices[0]
         self._placer = Placer(replicas, True)
         self._host_ok = not replicas.multi_process
-        rows = replicas.sharding if self._n > 1 else None
-        self._fast = jax.jit(
-            self._fast_program, donate_argnums=(0, 1), in_shardings=(None, None, rows)
-        )
+        if self._n > 1:  # batches split over the replicas' devices as the program reads them
+            shardings = (None, None, replicas.sharding)
+            self._fast = jax.jit(self._fast_program, donate_argnums=(0, 1), in_shardings=shardings)
+        else:  # (no in_shardings: JAX's quickest dispatch)
+            self._fast = jax.jit(self._fast_program, donate_argnums=(0, 1))
 
     def model(self) -> Any:
         model = self.model_ref()

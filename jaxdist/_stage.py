@@ -209,6 +209,7 @@ class Staged:
         self._jaxpr = closed.jaxpr
         self._outs = {id(x): c for x, c in zip(out_consts, chains[len(consts) :]) if c is not None}
         self._placed: list = [None] * len(self._lifted)
+        self._fetcher = _capture.Fetcher([*self._numbers, *(c for _, c, *_ in self._lifted)])
         self._fresh = True
         self.num_inputs = len(self._numbers) + len(self._lifted)
 
@@ -264,27 +265,19 @@ class Staged:
             if self._promote:
                 _promote.remember(fn, _watch.moved_numbers(fn, self._watched))
             return None
-        out = []
-        for chain, kind in zip(self._numbers, self._types):
-            try:
-                number = _capture.fetch(fn, chain)
-            except _capture.Gone:
+        try:
+            out = self._fetcher.values(fn)
+        except _capture.Gone:
+            return None
+        p = len(self._numbers)
+        if any(type(n) is not kind for n, kind in zip(out, self._types)):
+            return None
+        for v, (_, _, shape, dtype) in zip(out[p:], self._lifted):
+            if not _is_array(v) or v.shape != shape or v.dtype != dtype:
                 return None
-            if type(number) is not kind:
-                return None
-            out.append(number)
-        for _, chain, shape, dtype in self._lifted:
-            try:
-                v = _capture.fetch(fn, chain)
-            except _capture.Gone:
-                return None
-            if not _is_array(v) or np.shape(v) != shape or v.dtype != dtype:
-                return None
-            out.append(v)
         if self._aliases and not self._same_aliases(fn, out[len(self._numbers) :]):
             return None
         if place is not None:
-            p = len(self._numbers)
             out[p:] = [self._place(k, v, place) for k, v in enumerate(out[p:])]
         for chain in self._outs.values():
             try:
