@@ -11,7 +11,7 @@ pytree children from the step function), and reads it there again on every call
 depends on are `jaxdist._watch`'s, which walks the same way (`walk`).
 
 The walk has no depth bound (an optax state over a flax model is 20 levels deep)
-and reads every item of a container; it stops after `_MAX_NODES` objects, and then
+and reads every item of a container; it stops after `MAX_NODES` objects, and then
 says how many arrays it did not find (a warning, never a silent constant). It runs
 no user code: every read goes through `jaxdist._peek` (the object protocol's own
 accessors), so lazy containers, proxies and loggers on the object are not woken.
@@ -41,7 +41,7 @@ from jaxdist import _names, _peek
 from jaxdist._values import is_distributed
 
 Chain = tuple  # ((kind, key), ...) from the step function to a value
-_MAX_NODES = 200_000  # objects looked at per trace; past it, a warning (`locate_all`)
+MAX_NODES = 200_000  # objects looked at per trace; past it, a warning (`locate_all`)
 _OPAQUE = (types.ModuleType, types.BuiltinFunctionType, str, bytes, int, float, complex)
 
 
@@ -116,10 +116,10 @@ def _function_children(fn: types.FunctionType) -> Iterator[tuple[tuple, Any]]:
         except ValueError:  # an empty cell
             continue
     glob = fn.__globals__
-    for name in _names.global_names(fn.__code__):
+    for name in sorted(_names.global_names(fn.__code__)):  # sorted: the same walk every run
         if name in glob:
             yield ("global", name), glob[name]
-    for name in _names.imported_modules(fn.__code__):
+    for name in sorted(_names.imported_modules(fn.__code__)):
         if name in sys.modules:
             yield ("import", name), sys.modules[name]
     yield from ((("default", i), a) for i, a in enumerate(fn.__defaults__ or ()))
@@ -179,13 +179,13 @@ def _class_data(cls: type, own: dict | None = None) -> Iterator[tuple[tuple, Any
 
 def _expandable(obj: Any) -> bool:
     if isinstance(obj, types.ModuleType):
-        return _user_module(obj)
+        return user_module(obj)
     if isinstance(obj, np.ndarray):
         return obj.dtype == object  # an object array's elements (arrays, objects)
     return not isinstance(obj, _OPAQUE) and not isinstance(obj, jax.Array)
 
 
-def _user_module(module: types.ModuleType) -> bool:
+def user_module(module: types.ModuleType) -> bool:
     """A module of the user's program (``config.W``), not the standard library or an
     installed package (whose globals are no step's state)."""
     top = module.__name__.partition(".")[0]
@@ -196,7 +196,7 @@ def _user_module(module: types.ModuleType) -> bool:
 
 
 def walk(fn: Callable, named: set[str], limits: dict | None = None) -> Iterator[tuple[Chain, Any]]:
-    """``(chain, value)`` for what ``fn`` reaches, at any depth, up to `_MAX_NODES`
+    """``(chain, value)`` for what ``fn`` reaches, at any depth, up to `MAX_NODES`
     objects (``limits["truncated"]`` tells when it stopped there); ``named`` collects
     the names that the code met on the way uses.
 
@@ -230,7 +230,7 @@ def walk(fn: Callable, named: set[str], limits: dict | None = None) -> Iterator[
                         # (``self.params = self.ema = tree``)
                         seen[id(child)] = seen.get(id(child), 0) + 1
                         (nxt if later or named_here else deferred).append((child, here))
-                if nodes > _MAX_NODES:
+                if nodes > MAX_NODES:
                     if limits is not None:
                         limits["truncated"] = True
                     return
@@ -284,7 +284,7 @@ def locate_all(fn: Callable, targets: list, limits: dict | None = None) -> list[
     missing = sum(1 for chains in out if not chains)
     if limits.get("truncated") and missing:
         warnings.warn(
-            f"jaxdist looked at {_MAX_NODES:,} objects reachable from the step "
+            f"jaxdist looked at {MAX_NODES:,} objects reachable from the step "
             f"{getattr(fn, '__qualname__', fn)!r} and stopped: {missing} array(s) it read "
             "were not found there and stay constants of its program (later changes are not "
             "seen). Pass that state to strategy.run as arguments.",

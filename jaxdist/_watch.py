@@ -76,7 +76,11 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
     """
     out: list[tuple[Chain, Any, str]] = []
     named: set[str] = set()
-    for chain, value in list(_capture.walk(fn, named)):
+    libraries = []  # modules of the standard library and installed packages
+    limits: dict = {}
+    for chain, value in list(_capture.walk(fn, named, limits)):
+        if isinstance(value, types.ModuleType) and not _capture.user_module(value):
+            libraries.append((chain, value))
         if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype != object:
             out.append((chain, value.copy(), "value"))
         elif type(value) in _EXACT or isinstance(value, np.generic):
@@ -89,10 +93,20 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
             out.append((chain, type(value), "type"))
         elif callable(value):
             out.append((chain, value, "ident"))
+    out += _library_values(libraries, named)
     keys = named | _code_strings(fn)
     by_name = _names.BY_NAME in named
     out = [w for w in out if _capture.is_named(w[0], named) or (by_name and _by_name(fn, w, named))]
     out.sort(key=lambda w: (not all(k in keys for kind, k in w[0] if kind == "item"), _ORDER[w[2]]))
+    if limits.get("truncated"):
+        warnings.warn(
+            f"jaxdist looked at {_capture.MAX_NODES:,} objects reachable from the step "
+            f"{getattr(fn, '__qualname__', fn)!r} and stopped: Python numbers and strings it "
+            "reads beyond them keep the value they had when it was traced. Pass changing "
+            "numbers to strategy.run as arguments.",
+            RuntimeWarning,
+            stacklevel=6,
+        )
     if len(out) > _MAX_WATCHED:
         warnings.warn(
             f"The step {getattr(fn, '__qualname__', fn)!r} reads more than {_MAX_WATCHED} "
@@ -103,6 +117,19 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
             stacklevel=6,
         )
     return tuple(out[:_MAX_WATCHED])
+
+
+def _library_values(libraries: list, named: set[str]) -> list:
+    """The numbers and strings of a library's module that the code names (``pkg.LR``): the
+    walk does not look into such modules (their arrays are no step's state), but a
+    setting the program changes there between calls is read afresh."""
+    out = []
+    for chain, module in libraries:
+        held = module.__dict__
+        for name in sorted(named & held.keys()):
+            if type(held[name]) in _EXACT:
+                out.append(((*chain, ("attr", name)), held[name], "value"))
+    return out
 
 
 def _by_name(fn: Callable, watched: tuple[Chain, Any, str], named: set[str]) -> bool:

@@ -181,3 +181,22 @@ def test_past_4096_python_values_the_rest_is_loud_and_the_first_are_current(stra
         assert run_local(strat, t.step, x) == 8.0
     t.rows["r0"] = 2.0
     assert run_local(strat, t.step, x) == 10.0
+
+
+def test_past_the_walks_budget_numbers_are_loud(strat, monkeypatch):
+    """More objects reachable than the walk's budget: the numbers past it are named as
+    kept in a warning at the trace, never silently."""
+    from jaxdist import _capture
+
+    monkeypatch.setattr(_capture, "MAX_NODES", 20)
+
+    class Big:
+        def __init__(self):
+            self.items = [object() for _ in range(100)]
+            self.lr = 1.0
+
+        def step(self, x):
+            return self.lr * total(x)
+
+    with pytest.warns(RuntimeWarning, match="reads beyond them keep the value"):
+        assert run_local(strat, Big().step, ones_batch(strat)) == 8.0

@@ -392,3 +392,20 @@ def test_an_array_jaxdist_cannot_find_is_loud_not_silent(strat, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # arrays made inside the step are not state
         assert run_local(strat, lambda x: jnp.arange(3.0).sum() * total(x), ones_batch(strat)) == 24
+
+
+def test_a_number_of_an_installed_package_the_step_names_is_current(strat, monkeypatch):
+    pkg = types.ModuleType("installed_config")
+    pkg.__file__ = "/usr/lib/python3/site-packages/installed_config/__init__.py"
+    pkg.LR = 1.0
+    monkeypatch.setitem(sys.modules, "installed_config", pkg)
+
+    def step(x):
+        import installed_config
+
+        return installed_config.LR * total(x)
+
+    x = ones_batch(strat)
+    assert run_local(strat, step, x) == 8.0
+    pkg.LR = 3.0
+    assert run_local(strat, step, x) == 24.0
