@@ -406,14 +406,14 @@ def _collect(obj: Any, node: dict, out: list) -> None:
             for i in sub:
                 out[i] = obj
         elif len(sub) == 1 and None in sub:  # a chain's last link: no call deeper
-            value = step(obj, link)
+            value = _step(obj, link)
             for i in sub[None]:
                 out[i] = value
         else:
-            _collect(step(obj, link), sub, out)
+            _collect(_step(obj, link), sub, out)
 
 
-def step(obj: Any, link: tuple) -> Any:
+def _step(obj: Any, link: tuple) -> Any:
     """One link of a chain from ``obj`` (raises `Gone` if it is not there)."""
     try:
         return _STEPS[link[0]](obj, link[1])

@@ -175,7 +175,7 @@ _PARTS = (
     functools.partial,  # ``self.f = self.g`` is the same), a partial's function and arguments
 )
 _EXACT = frozenset((bool, int, float, complex, str, type(None)))  # not subclasses: no __eq__
-_MAX_WATCHED = 4096  # about 1 ms a call to check (`Checker`), past it a warning
+_MAX_WATCHED = 4096  # about 2 ms a call to check (`Checker`), past it a warning
 _ORDER = {"value": 0, "size": 1, "ident": 2, "type": 3}  # numbers first in the bound
 
 
@@ -185,33 +185,23 @@ def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
 
 
 class Checker:
-    """`changed` for one recorded set, checked on every call: the chains as a tree, so
-    that each object on the way is read once (a Keras model's step watches a thousand
-    values under a few dozen objects)."""
+    """`changed` for one recorded set, checked on every call: the chains read as a tree
+    (`jaxdist._capture.Fetcher`), so that each object on the way is read once (a Keras
+    model's step watches a thousand values under a few dozen objects)."""
 
     def __init__(self, watched: tuple[tuple[Chain, Any, str], ...]) -> None:
-        self._root: dict = {}
-        for chain, value, how in watched:
-            node = self._root
-            for step in chain:
-                node = node.setdefault(step, {})
-            node.setdefault(None, []).append((value, how))
+        self._fetcher = _capture.Fetcher([chain for chain, _, _ in watched])
+        self._recorded = [(value, how) for _, value, how in watched]
 
     def changed(self, fn: Callable) -> bool:
         try:
-            return _moved(fn, self._root)
+            now = self._fetcher.values(fn)
         except _capture.Gone:
             return True
-
-
-def _moved(obj: Any, node: dict) -> bool:
-    for step, sub in node.items():
-        if step is None:
-            if any(_differs(obj, value, how) for value, how in sub):
+        for n, (value, how) in zip(now, self._recorded):
+            if n is not value and _differs(n, value, how):
                 return True
-        elif _moved(_capture.step(obj, step), sub):
-            return True
-    return False
+        return False
 
 
 def _differs(now: Any, value: Any, how: str) -> bool:
