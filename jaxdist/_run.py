@@ -34,6 +34,7 @@ from jax import lax
 
 from jaxdist import _compile, _context, _one_replica, _ragged
 from jaxdist._devices import AXIS, Replicas
+from jaxdist._frozen import warn_frozen
 from jaxdist._layout import is_tracer, shard_rows
 from jaxdist._replica_context import compiled_collectives, make_replica_context
 from jaxdist._stage import Staged, example
@@ -275,6 +276,8 @@ def _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays) -> Any:
     if MAPPED not in sig[1]:  # a pmap needs one mapped argument
         call_axes, call_args = (0, *in_axes), [_compile.replica_ids(replicas, True), *arrays]
     mapped = _compile.spmd if replicas.multi_process else _compile.pmap
+    rows = [ax == 0 for ax in call_axes]
+    warn_frozen(fn, body, [example(x, r) for x, r in zip(call_args, rows)], [(AXIS, replicas.num)])
     if replicas.num == 1 and not replicas.multi_process and not _compile.is_fake_pmap():
         outs = _one_replica.vmapped(body, call_axes)(*call_args)
     else:
