@@ -20,12 +20,14 @@ trace, no tracer is left in the user's objects.
 
 from __future__ import annotations
 
+import collections
 import functools
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxdist import _capture, _peek
 from jaxdist._capture import Chain
@@ -56,6 +58,8 @@ def _set_item(obj: Any, key: Any, value: Any) -> None:
         dict.__setitem__(obj, key, value)
     elif isinstance(obj, list):
         list.__setitem__(obj, key, value)
+    elif isinstance(obj, collections.deque):
+        collections.deque.__setitem__(obj, key, value)
     else:
         raise NotAPlace(f"a {type(obj).__name__} item")
 
@@ -81,6 +85,7 @@ _SETTERS: dict[str, Callable[[Any, Any, Any], None]] = {
     "fattr": lambda o, k, v: o.__dict__.__setitem__(k, v),
     "getattr": _set_getattr,
     "default": _set_defaults,
+    "flat": lambda o, k, v: o.flat.__setitem__(k, v),
     "kwdefault": lambda o, k, v: o.__kwdefaults__.__setitem__(k, v),
 }
 
@@ -91,6 +96,8 @@ def _rebuilt(parent: Any, kind: str, key: Any, value: Any) -> Any:
         items = list(tuple.__iter__(parent))
         items[key] = value
         return type(parent)(*items) if hasattr(parent, "_fields") else type(parent)(items)
+    if kind == "item" and isinstance(parent, types.MappingProxyType):
+        return types.MappingProxyType({**dict(parent.items()), key: value})
     if kind in ("child", "stacked"):
         treedef, index, _ = key
         leaves, now = jax.tree_util.tree_flatten(parent, is_leaf=lambda x: x is not parent)
@@ -140,7 +147,9 @@ def replace(fn: Callable, chain: Chain, value: Any) -> list[tuple[Chain, Any]]:
 
 def _mutable(parent: Any, kind: str) -> bool:
     if kind == "item":
-        return isinstance(parent, (dict, list))
+        return isinstance(parent, (dict, list, collections.deque))
+    if kind == "flat":
+        return isinstance(parent, np.ndarray) and parent.dtype == object
     return True
 
 

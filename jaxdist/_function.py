@@ -34,7 +34,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdist import _compile
+from jaxdist import _compile, _context
 from jaxdist._stage import Staged, example
 from jaxdist._validate import describe, hashable_arg, is_number
 
@@ -70,7 +70,8 @@ class _Program:
             it, st = iter(arrays), iter(statics)
             leaves = [next(it) if k == _DYNAMIC else next(st) for k in kinds]
             args, kwargs = jax.tree.unflatten(treedef, leaves)
-            out = fn(*args, **kwargs)
+            with _context.enter(_context.function_state(fn)):
+                out = fn(*args, **kwargs)
             flat, info["treedef"] = jax.tree.flatten(out)
             traced = [isinstance(x, jax.core.Tracer) for x in flat]
             info["layout"] = [None if t else x for x, t in zip(flat, traced)]

@@ -71,26 +71,10 @@ def _check_not_stacked(fn: Callable, chains: list, consts: list) -> None:
 
 
 def captured_ids(fn: Callable, strict: bool = False) -> tuple:
-    """What a function captures (closure cells, default arguments), by identity; arrays
-    and Python scalars by type only unless ``strict`` (they are read afresh)."""
-    fn = getattr(fn, "__func__", fn)
-    held = [c.cell_contents for c in _cells(fn)] + list(getattr(fn, "__defaults__", None) or ())
-    return tuple(type(v) if not strict and isinstance(v, _FRESH) else id(v) for v in held)
-
-
-_FRESH = (jax.Array, np.ndarray, np.generic, int, float, complex, bool, str, type(None))
-
-
-def _cells(fn: Callable) -> tuple:
-    return tuple(c for c in getattr(fn, "__closure__", None) or () if _filled(c))
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 - an empty cell raises
-    except ValueError:
-        return False
-    return True
+    """What a function captures (closure cells, default arguments): functions by their
+    code and captures, other objects by identity; arrays and Python scalars by type
+    only unless ``strict`` (they are read afresh). See `jaxdist._watch.function_key`."""
+    return _watch.function_key(fn, strict)[2]
 
 
 def _warn_unfound_arrays(fn: Callable, unfound: list) -> None:
@@ -187,7 +171,16 @@ class Staged:
             )
         swaps, unfound_nested = self._nested(fn, closed, before)
         if swaps:  # arrays read inside nested jaxprs: traced again with tracers there
-            closed, numbers_used = self._trace(fn, body, examples, axis_env, numbers_used, swaps)
+            try:
+                closed, numbers_used = self._trace(
+                    fn, body, examples, axis_env, numbers_used, swaps
+                )
+            except Exception:  # noqa: BLE001 - NumPy code on a NumPy array of the state
+                unfound_nested += [a for _, a in swaps if isinstance(a, np.ndarray)]
+                swaps = [(c, a) for c, a in swaps if not isinstance(a, np.ndarray)]
+                closed, numbers_used = self._trace(
+                    fn, body, examples, axis_env, numbers_used, swaps
+                )
         self._numbers = numbers_used
         self._swaps = [(c, a.shape, a.dtype) for c, a in swaps]
         self._types = [type(_capture.fetch(fn, c)) for c in numbers_used]
@@ -216,8 +209,8 @@ class Staged:
         if not self._writes:  # (jd.function reads distributed values whole, as TF does)
             _check_not_stacked(fn, chains[: len(consts)], consts)
         unfound = [c for c, ch in zip(consts, chains) if ch is None]
-        if limits.get("numpy"):
-            _warn_numpy_copies(fn, unfound)
+        if limits.get("numpy") or any(isinstance(c, np.ndarray) for c in nested):
+            _warn_numpy_copies(fn, unfound + nested)
         if not limits.get("truncated"):  # (`locate_all` has warned then)
             _warn_unfound_arrays(fn, [c for c in unfound if id(c) in before] + nested)
         lifted = [(i, c) for i, c in enumerate(chains[: len(consts)]) if c is not None]
@@ -237,22 +230,26 @@ class Staged:
     def _nested(fn: Callable, closed: Any, before: dict) -> tuple[list, list]:
         """The arrays of the state read inside nested jaxprs (a jitted helper; a
         ``strategy.run`` traced inside ``jd.function``): ``[(chain, array)]`` where a
-        tracer can be put in their place, and the arrays that stay constants."""
+        tracer can be put in their place (a NumPy view: in its array's place), and
+        the arrays that stay constants."""
         nested = [
             c
             for c in nested_consts(closed.jaxpr)
-            if isinstance(c, jax.Array) and not is_tracer(c) and id(c) in before
+            if (isinstance(c, jax.Array) and not is_tracer(c) and id(c) in before)
+            or (isinstance(c, np.ndarray) and c.dtype != object)
         ]
         if not nested:
             return [], []
         found = _capture.locate_all(fn, nested)
-        swaps, kept = [], []
+        swaps, kept, seen = [], [], set()
         for array, chains in zip(nested, found):
-            chain = next((c for c in chains if _assign.can_replace(fn, c)), None)
+            bases = [c[:-1] if c[-1][0] == "view" else c for c in chains]
+            chain = next((c for c in bases if _assign.can_replace(fn, c)), None)
             if chain is None:
                 kept.append(array)
-            else:
-                swaps.append((chain, array))
+            elif chain not in seen:
+                seen.add(chain)
+                swaps.append((chain, _capture.fetch(fn, chain)))
         return swaps, kept
 
     def _trace(self, fn: Callable, body: Callable, examples: Sequence, axis_env: Any, numbers, swaps):
@@ -279,7 +276,7 @@ class Staged:
             return outs + [jax.numpy.asarray(v) for _, v in swap.written] + extra
 
         specs = [_promote.spec(_capture.fetch(fn, c)) for c in numbers]
-        specs += [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for _, a in swaps]
+        specs += [_spec(a) for _, a in swaps]
         make = jax.make_jaxpr(traced, axis_env=axis_env or [])
         if not numbers:
             return make(*examples, *specs), ()

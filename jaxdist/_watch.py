@@ -43,8 +43,8 @@ def describe(fn: Callable, chain: Chain) -> str:
             out = key
         elif kind in ("default", "kwdefault", "parg", "pkw"):
             out = f"{'default' if 'default' in kind else 'partial'} argument {key!r}"
-        elif kind in ("attr", "getattr"):
-            out += f".{key}"
+        elif kind in ("attr", "getattr", "fattr"):
+            out = (out or getattr(obj, "__name__", "fn")) + f".{key}"
         elif kind == "item":
             out += f"[{key!r}]"
         elif kind == "child":
@@ -91,6 +91,8 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
             continue  # arrays are inputs; tuples, methods: their parts
         elif _peek.instance_dict(value) is not None and not _plain_callable(value):
             out.append((chain, type(value), "type"))
+        elif type(value) is types.FunctionType:  # the same code over the same captures
+            out.append((chain, function_key(value), "code"))
         elif callable(value):
             out.append((chain, value, "ident"))
     out += _library_values(libraries, named)
@@ -176,7 +178,52 @@ _PARTS = (
 )
 _EXACT = frozenset((bool, int, float, complex, str, type(None)))  # not subclasses: no __eq__
 _MAX_WATCHED = 4096  # about 2 ms a call to check (`Checker`), past it a warning
-_ORDER = {"value": 0, "size": 1, "ident": 2, "type": 3}  # numbers first in the bound
+_ORDER = {"value": 0, "size": 1, "ident": 2, "code": 2, "type": 3}  # numbers first in the bound
+
+
+def function_key(fn: Callable, strict: bool = False, depth: int = 0) -> tuple:
+    """What makes two Python functions the same step: their code, their globals and
+    what they capture (closure cells, defaults), functions among them compared the same
+    way, other objects by identity; arrays and Python scalars by type only unless
+    ``strict`` (they are state, read afresh). A function defined inside each call of a
+    method (orbit's ``def train_fn(state, inputs)``) is then the same step every call.
+
+    >>> def make(k):
+    ...     def inner(x):
+    ...         return x * k
+    ...     return lambda x: inner(x) + 1
+    >>> function_key(make(2.0)) == function_key(make(3.0))
+    True
+    >>> function_key(make(2.0), strict=True) == function_key(make(3.0), strict=True)
+    False
+    """
+    fn = getattr(fn, "__func__", fn)
+    cells = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            cells.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    held = cells + list(getattr(fn, "__defaults__", None) or ())
+    code = getattr(fn, "__code__", None)
+    globs = getattr(fn, "__globals__", None)
+    return (code, id(globs), tuple(_captured_key(v, strict, depth) for v in held))
+
+
+def _captured_key(value: Any, strict: bool, depth: int) -> Any:
+    if not strict and isinstance(value, _FRESH):
+        return type(value)
+    if depth >= _MAX_DEPTH:
+        return id(value)
+    if type(value) is types.FunctionType:
+        return function_key(value, strict, depth + 1)
+    if type(value) is types.MethodType:  # ``t.step`` is a new object at every access
+        return (function_key(value.__func__, strict, depth + 1), id(value.__self__))
+    return id(value)
+
+
+_FRESH = (jax.Array, np.ndarray, np.generic, int, float, complex, bool, str, type(None))
+_MAX_DEPTH = 8  # functions inside functions compared by code; deeper ones by identity
 
 
 def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
@@ -207,6 +254,8 @@ class Checker:
 def _differs(now: Any, value: Any, how: str) -> bool:
     if how == "type":
         return type(now) is not value
+    if how == "code":
+        return type(now) is not types.FunctionType or function_key(now) != value
     if how == "size":
         return _size(now) != value
     if now is value:
