@@ -89,6 +89,8 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
             out.append((chain, _size(value), "size"))  # an entry more: ``for w in self.ws``
         elif isinstance(value, _PARTS):
             continue  # arrays are inputs; tuples, methods: their parts
+        elif _tree_def(value) is not None:  # a pytree node (an nnx.Param): its structure
+            out.append((chain, _tree_def(value), "tree"))
         elif _peek.instance_dict(value) is not None and not _plain_callable(value):
             out.append((chain, type(value), "type"))
         elif type(value) is types.FunctionType:  # the same code over the same captures
@@ -152,6 +154,24 @@ def _by_name(fn: Callable, watched: tuple[Chain, Any, str], named: set[str]) -> 
     return all(_names.users_class(type(o)) for o in owners)
 
 
+def _tree_def(value: Any) -> Any:
+    """The structure of a registered pytree node (None for a leaf): a value written back
+    as a new object of the same structure (``self.params`` after an update) is the same
+    to a trace; its arrays are inputs."""
+    if isinstance(value, (jax.Array, np.ndarray, *WATCHED_SCALARS)) or callable(value) and (
+        isinstance(value, (types.FunctionType, types.BuiltinFunctionType))
+    ):
+        return None
+    try:
+        kids, treedef = jax.tree_util.tree_flatten(value, is_leaf=lambda x: x is not value)
+    except Exception:  # noqa: BLE001 - a node whose flatten fails is compared otherwise
+        return None
+    return None if len(kids) == 1 and kids[0] is value else treedef
+
+
+WATCHED_SCALARS = (bool, int, float, complex, str, type(None), np.generic)
+
+
 def _plain_callable(value: Any) -> bool:
     """A function, method, partial or other callable that is not a user object."""
     if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
@@ -178,7 +198,7 @@ _PARTS = (
 )
 _EXACT = frozenset((bool, int, float, complex, str, type(None)))  # not subclasses: no __eq__
 _MAX_WATCHED = 4096  # about 2 ms a call to check (`Checker`), past it a warning
-_ORDER = {"value": 0, "size": 1, "ident": 2, "code": 2, "type": 3}  # numbers first in the bound
+_ORDER = {"value": 0, "size": 1, "ident": 2, "code": 2, "tree": 3, "type": 3}  # numbers first in the bound
 
 
 def function_key(fn: Callable, strict: bool = False, depth: int = 0) -> tuple:
@@ -254,6 +274,8 @@ class Checker:
 def _differs(now: Any, value: Any, how: str) -> bool:
     if how == "type":
         return type(now) is not value
+    if how == "tree":
+        return _tree_def(now) != value
     if how == "code":
         return type(now) is not types.FunctionType or function_key(now) != value
     if how == "size":
