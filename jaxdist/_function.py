@@ -85,7 +85,8 @@ class _Program:
 
     def result(self, fn: Callable, outs: list) -> Any:
         it = iter(outs)
-        leaves = [next(it) if x is None else self.staged.output(fn, x) for x in self._info["layout"]]
+        layout = self._info["layout"]
+        leaves = [next(it) if x is None else self.staged.output(fn, x) for x in layout]
         return jax.tree.unflatten(self._info["treedef"], leaves)
 
 
@@ -189,4 +190,6 @@ def function(fn: Callable | None = None, **options: Any) -> Any:
     return functools.wraps(fn, updated=())(Function(fn))
 
 
-_TF_OPTIONS = frozenset(("jit_compile", "autograph", "reduce_retracing", "experimental_relax_shapes"))
+_TF_OPTIONS = frozenset(
+    ("jit_compile", "autograph", "reduce_retracing", "experimental_relax_shapes")
+)

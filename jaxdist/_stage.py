@@ -252,7 +252,9 @@ class Staged:
                 swaps.append((chain, _capture.fetch(fn, chain)))
         return swaps, kept
 
-    def _trace(self, fn: Callable, body: Callable, examples: Sequence, axis_env: Any, numbers, swaps):
+    def _trace(
+        self, fn: Callable, body: Callable, examples: Sequence, axis_env: Any, numbers, swaps
+    ):
         """``body`` traced with the numbers at ``numbers`` and the arrays at ``swaps`` as
         inputs after ``examples`` (numbers none where the step needs their values); the
         trace and the numbers used."""
@@ -264,7 +266,7 @@ class Staged:
             k = len(args) - len(numbers) - len(swaps)
             mine = args[k + len(numbers) :]
             with _promote.Swapped(fn, numbers, args[k : k + len(numbers)]) as swap:
-                with _assign.Swapped(fn, chains, mine) as arrays:
+                with _assign.Swapped(fn, chains, list(mine)) as arrays:
                     before = _assign.snapshot(fn) if self._writes else {}
                     outs = list(body(*args[:k]))
                     arrays.check_written()
@@ -293,10 +295,11 @@ class Staged:
         ours = lambda x: isinstance(x, jax.core.Tracer) and getattr(x, "_trace", trace) is trace  # noqa: E731
         places = _assign.assigned(fn, before, ours, skip)
         out: list = []
-        for chain, old, new in places:
+        for chain, _, new in places:
             leaves, treedef = jax.tree.flatten(new)
             traced = [ours(x) for x in leaves]
-            self._assigned.append((chain, treedef, [None if t else x for x, t in zip(leaves, traced)]))
+            kept = [None if t else x for x, t in zip(leaves, traced)]
+            self._assigned.append((chain, treedef, kept))
             out += [x for x, t in zip(leaves, traced) if t]
         _assign.restore(fn, [(chain, old) for chain, old, _ in places])
         return out

@@ -158,8 +158,10 @@ def _tree_def(value: Any) -> Any:
     """The structure of a registered pytree node (None for a leaf): a value written back
     as a new object of the same structure (``self.params`` after an update) is the same
     to a trace; its arrays are inputs."""
-    if isinstance(value, (jax.Array, np.ndarray, *WATCHED_SCALARS)) or callable(value) and (
-        isinstance(value, (types.FunctionType, types.BuiltinFunctionType))
+    if (
+        isinstance(value, (jax.Array, np.ndarray, *WATCHED_SCALARS))
+        or callable(value)
+        and (isinstance(value, (types.FunctionType, types.BuiltinFunctionType)))
     ):
         return None
     try:
@@ -198,7 +200,8 @@ _PARTS = (
 )
 _EXACT = frozenset((bool, int, float, complex, str, type(None)))  # not subclasses: no __eq__
 _MAX_WATCHED = 4096  # about 2 ms a call to check (`Checker`), past it a warning
-_ORDER = {"value": 0, "size": 1, "ident": 2, "code": 2, "tree": 3, "type": 3}  # numbers first in the bound
+# numbers first in the bound
+_ORDER = {"value": 0, "size": 1, "ident": 2, "code": 2, "tree": 3, "type": 3}
 
 
 def function_key(fn: Callable, strict: bool = False, depth: int = 0) -> tuple:

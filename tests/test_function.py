@@ -218,3 +218,40 @@ def test_a_keras_stateless_call_trainer(n):
             np.testing.assert_allclose(np.asarray(t.trainable[1])[0], b, atol=1e-5)
             step += 1
     assert t.train_step.experimental_get_tracing_count() == 2
+
+
+TRACES: list = []
+
+
+def test_orbits_per_call_train_fn_compiles_once_and_memory_stays_flat():
+    """Model Garden's orbit trainer: ``train_fn`` defined inside each ``train_step``, the
+    step a lambda over it: the same code over the same captures is the same step."""
+    strategy = mirrored(2)
+
+    class Trainer:
+        def __init__(self):
+            self.state = {"w": jnp.ones(3)}
+
+        def train_step(self, inputs):
+            def train_fn(state, inputs):
+                TRACES.append(1)  # runs when traced only
+                return jd.get_replica_context().all_reduce("SUM", inputs * state["w"])
+
+            return strategy.run(lambda inputs: train_fn(self.state, inputs), args=(inputs,))
+
+    t, x = Trainer(), jnp.ones(3)
+    for _ in range(200):  # warm: caches and allocator at their working size
+        t.train_step(x)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(10_000):
+        out = t.train_step(x)
+        if i == 5_000:
+            t.state = {"w": jnp.full(3, 2.0)}  # state changed from outside: seen
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert [float(v) for v in strategy.experimental_local_results(out)[0]] == [4.0] * 3
+    assert grown < 50 * 2**20
+    assert len(TRACES) <= 2

@@ -31,7 +31,9 @@ def run_local_compiled(s, fn, x, *more):
 
 def tracing_count(fn):
     """The traces of the `jd.function`s that ran ``fn`` (what `step_count` counts eagerly)."""
-    return sum(f.experimental_get_tracing_count() for (k, _), f in _COMPILED.items() if k == _key(fn))
+    return sum(
+        f.experimental_get_tracing_count() for (k, _), f in _COMPILED.items() if k == _key(fn)
+    )
 
 
 @pytest.fixture(autouse=True)
