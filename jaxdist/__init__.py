@@ -17,6 +17,8 @@ from jaxdist._default import has_strategy as has_strategy
 from jaxdist._default import in_cross_replica_context as in_cross_replica_context
 from jaxdist._devices import AXIS as AXIS
 from jaxdist._extended import StrategyExtended as StrategyExtended
+from jaxdist._function import Function as Function
+from jaxdist._function import function as function
 from jaxdist._input import DistributedDataset as DistributedDataset
 from jaxdist._input import DistributedIterator as DistributedIterator
 from jaxdist._input import DistributedOptional as DistributedOptional
@@ -45,6 +47,7 @@ __all__ = [
     "DistributedIterator",
     "DistributedOptional",
     "DistributedValues",
+    "Function",
     "HierarchicalCopyAllReduce",
     "InputContext",
     "InputOptions",
@@ -68,6 +71,7 @@ __all__ = [
     "errors",
     "experimental",
     "experimental_set_strategy",
+    "function",
     "get_cross_replica_context",
     "get_replica_context",
     "get_strategy",

@@ -273,7 +273,7 @@ class StepCache:
             else:
                 counts = (self._count(table, sub),)
             if WARN_AT in counts:
-                _warn_retrace(fn)
+                _warn_retrace(fn, key)
             return entry, extra
 
     @staticmethod
@@ -309,7 +309,18 @@ def _weakrefable(x: Any) -> bool:
         return False
 
 
-def _warn_retrace(fn: Callable) -> None:
+def _warn_retrace(fn: Callable, key: Hashable = None) -> None:
+    if isinstance(key, tuple) and key and key[0] == "jd.function":
+        warnings.warn(
+            f"jd.function {describe(fn)!r} has been traced {WARN_AT} times (TF's retracing "
+            "warning). Each new argument structure, shape or dtype, each new non-numeric "
+            "Python value in its arguments, and each new value of a Python string, bool or "
+            "function it reads from its object, closure or globals traces it again; Python "
+            "numbers are traced once. Keep argument shapes fixed (pad the last batch, or "
+            "drop it).",
+            stacklevel=5,
+        )
+        return
     warnings.warn(
         f"strategy.run has compiled {describe(fn)!r} {WARN_AT} times. Each new argument "
         "structure, shape or dtype, and each new non-numeric Python value (bool, str, None...) "

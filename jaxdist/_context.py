@@ -39,6 +39,7 @@ class State:
     ``strategy.scope()`` entries, innermost last. ``merge_from`` is, in a
     ``merge_fn`` called from a compiled step, the replica context whose
     ``merge_call`` called it (``call_for_each_replica`` runs on its replicas).
+    ``function`` is the ``jd.function`` whose trace is running (`function_state`).
     """
 
     strategy: Any = None
@@ -48,6 +49,7 @@ class State:
     scopes: tuple[ScopeEntry, ...] = ()
     set_hooks: contextlib.ExitStack | None = None  # `experimental_set_strategy`'s integrations
     merge_from: Any = None
+    function: Any = None  # the `jd.function` being traced (its state is read afresh)
 
 
 @dataclasses.dataclass(eq=False)
@@ -242,3 +244,13 @@ def set_strategy(strategy: Any) -> None:
         _STATE.set(dataclasses.replace(new, set_hooks=hooks))
     if state.set_hooks is not None:  # the replaced setting's, after the new state is current
         state.set_hooks.close()
+
+
+def function_state(fn: Any) -> State:
+    """The current state, inside the trace of the ``jd.function`` of ``fn``."""
+    return dataclasses.replace(_STATE.get(), function=fn)
+
+
+def in_function() -> bool:
+    """Whether a ``jd.function`` is being traced (its state reads are its inputs)."""
+    return _STATE.get().function is not None

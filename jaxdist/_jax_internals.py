@@ -43,6 +43,7 @@ from typing import Any
 
 import jax
 from jax import lax
+from jax.extend.core import ClosedJaxpr, Jaxpr
 
 #: The JAX versions CI tests: the floor and the newest release.
 TESTED = ("0.10.2", "0.12.0.1")
@@ -141,3 +142,42 @@ def check_collectives(axis: str) -> None:
         lost = [p for p in params if p not in seen[name]]
         if lost:
             raise _missing(f"the params {lost} of {name!r}", f"it has {sorted(seen[name])}")
+
+
+# -- constants of nested jaxprs ----------------------------------------------------------------
+
+
+def nested_consts(jaxpr: Any) -> list:
+    """The constants of the jaxprs nested in ``jaxpr``'s equations (a jitted helper, a
+    ``jax.pmap`` or a ``lax`` loop body traced inside it), at any depth, each once.
+
+    JAX keeps an array a nested function closed over as a constant of that function's
+    jaxpr (an equation parameter), not of the outer one, so the outer jaxpr's ``consts``
+    do not list it. Equation parameters are read through ``jax.extend.core``'s jaxpr
+    types, whatever their names.
+
+    >>> import jax, jax.numpy as jnp
+    >>> w = jnp.arange(3.0)
+    >>> helper = jax.jit(lambda x: x + w)
+    >>> closed = jax.make_jaxpr(lambda x: helper(x) * 2)(jnp.ones(3))
+    >>> closed.consts, [c is w for c in nested_consts(closed.jaxpr)]
+    ([], [True])
+    """
+    out: dict[int, Any] = {}
+    _collect_nested(jaxpr, out, set())
+    return list(out.values())
+
+
+def _collect_nested(jaxpr: Any, out: dict[int, Any], seen: set[int]) -> None:
+    if id(jaxpr) in seen:
+        return
+    seen.add(id(jaxpr))
+    for eqn in jaxpr.eqns:
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                if isinstance(sub, ClosedJaxpr):
+                    for c in sub.consts:
+                        out.setdefault(id(c), c)
+                    _collect_nested(sub.jaxpr, out, seen)
+                elif isinstance(sub, Jaxpr):
+                    _collect_nested(sub, out, seen)

@@ -171,6 +171,15 @@ class Swapped:
                 out.append((i, now))
         return out
 
+    def now(self) -> list[Any]:
+        """The values at the places now (a tracer, or what the step stored there)."""
+        return [_capture.fetch(self._fn, chain) for chain in self._chains]
+
+    def put_back(self, values: Sequence[Any]) -> None:
+        """Stores ``values`` at the places (as `now` gave them)."""
+        for chain, value in zip(self._chains, values):
+            put(self._fn, chain, value)
+
     def settle(self, written: Sequence[int], values: Sequence[Any]) -> None:
         """Stores at the places ``written`` the step's values there (of this trace)."""
         self.restart()
@@ -179,13 +188,16 @@ class Swapped:
 
     def __exit__(self, *exc: Any) -> None:
         _ACTIVE.reset(self._token)
-        for i, (chain, tracer, old) in enumerate(zip(self._chains, self._tracers, self._saved)):
+        for i, (chain, tracer) in enumerate(zip(self._chains, self._tracers)):
             try:
                 now = _capture.fetch(self._fn, chain)
             except _capture.Gone:
                 now = tracer
             if now is not tracer:
                 self.written.append((i, now))
+        # last first: one place reached by two chains (a global and a cell holding the
+        # same function) gets back what was there before the first swap
+        for chain, old in reversed(list(zip(self._chains, self._saved))):
             put(self._fn, chain, old)
 
 

@@ -32,8 +32,9 @@ import jax
 import numpy as np
 from jax import lax
 
-from jaxdist import _compile, _context, _one_replica, _ragged
+from jaxdist import _compile, _context, _one_replica, _promote, _ragged
 from jaxdist._devices import AXIS, Replicas
+from jaxdist._frozen import warn_frozen
 from jaxdist._layout import is_tracer, shard_rows
 from jaxdist._replica_context import compiled_collectives, make_replica_context
 from jaxdist._stage import Staged, example
@@ -271,12 +272,39 @@ def _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays) -> Any:
     """Inside a JAX trace: a fresh pmap called inline (nothing about the trace is kept)."""
     info: dict = {}
     body = make_body(strategy, cdo, replicas.num, lambda: fn, sig, info)
+    swap = _promote.swapped()
+    if swap is not None:  # numbers of an outer trace's state (jd.function's) are inputs
+        body = _numbers_out(body, swap, info)
     call_axes, call_args = in_axes, arrays
     if MAPPED not in sig[1]:  # a pmap needs one mapped argument
         call_axes, call_args = (0, *in_axes), [_compile.replica_ids(replicas, True), *arrays]
     mapped = _compile.spmd if replicas.multi_process else _compile.pmap
+    rows = [ax == 0 for ax in call_axes]
+    warn_frozen(fn, body, [example(x, r) for x, r in zip(call_args, rows)], [(AXIS, replicas.num)])
     if replicas.num == 1 and not replicas.multi_process and not _compile.is_fake_pmap():
         outs = _one_replica.vmapped(body, call_axes)(*call_args)
     else:
         outs = mapped(body, replicas, tuple(call_axes))(*call_args)
+    if info.get("written"):  # what the step stored there: replica 0's value, as eagerly
+        values = outs[len(outs) - len(info["written"]) :]
+        now = swap.now()  # type: ignore[union-attr]
+        for i, v in zip(info["written"], values):
+            now[i] = v[0]
+        swap.put_back(now)  # type: ignore[union-attr]
     return _wrap(info, outs, replicas.num, lambda a: a[0], arrays.__getitem__)
+
+
+def _numbers_out(body: Callable, swap: Any, info: dict) -> Callable:
+    """``body`` returning, after its outputs, the numbers the step stored at ``swap``'s
+    places (the places get their values back: no tracer of this trace is left there)."""
+
+    def with_numbers(*arrays: Any) -> list:
+        before = swap.now()
+        outs = list(body(*arrays))
+        now = swap.now()
+        written = [i for i, (a, b) in enumerate(zip(before, now)) if a is not b]
+        swap.put_back(before)
+        info["written"] = written
+        return outs + [jax.numpy.asarray(now[i]) for i in written]
+
+    return with_numbers

@@ -28,7 +28,8 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
-from jaxdist import _capture, _promote, _watch
+from jaxdist import _assign, _capture, _jax_internals, _promote, _watch
+from jaxdist._jax_internals import nested_consts
 from jaxdist._layout import is_tracer
 from jaxdist._validate import describe
 
@@ -70,26 +71,10 @@ def _check_not_stacked(fn: Callable, chains: list, consts: list) -> None:
 
 
 def captured_ids(fn: Callable, strict: bool = False) -> tuple:
-    """What a function captures (closure cells, default arguments), by identity; arrays
-    and Python scalars by type only unless ``strict`` (they are read afresh)."""
-    fn = getattr(fn, "__func__", fn)
-    held = [c.cell_contents for c in _cells(fn)] + list(getattr(fn, "__defaults__", None) or ())
-    return tuple(type(v) if not strict and isinstance(v, _FRESH) else id(v) for v in held)
-
-
-_FRESH = (jax.Array, np.ndarray, np.generic, int, float, complex, bool, str, type(None))
-
-
-def _cells(fn: Callable) -> tuple:
-    return tuple(c for c in getattr(fn, "__closure__", None) or () if _filled(c))
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 - an empty cell raises
-    except ValueError:
-        return False
-    return True
+    """What a function captures (closure cells, default arguments): functions by their
+    code and captures, other objects by identity; arrays and Python scalars by type
+    only unless ``strict`` (they are read afresh). See `jaxdist._watch.function_key`."""
+    return _watch.function_key(fn, strict)[2]
 
 
 def _warn_unfound_arrays(fn: Callable, unfound: list) -> None:
@@ -133,6 +118,17 @@ def _warn_numpy_copies(fn: Callable, unfound: list) -> None:
     )
 
 
+def _stored_tracer(fn: Callable, where: str) -> RuntimeError:
+    return RuntimeError(
+        f"The step {describe(fn)} stored a value it computed in {where} (a JAX "
+        "tracer): jaxdist traces the step once, so an assignment inside it does not "
+        "happen on every call, and the stored tracer is invalid once the trace ends. "
+        f"Return the new value from the step and assign it after strategy.run "
+        f"({where} = strategy.run(...)), as with a tf.Variable's assign, or make the "
+        "function that calls strategy.run a jd.function, which writes back what it assigns."
+    )
+
+
 class Staged:
     """``body`` traced once on ``examples``; what it read from ``fn``'s state is an input.
 
@@ -156,45 +152,67 @@ class Staged:
         axis_env: list | None = None,
         outputs: Callable[[], list] = list,
         numbers: bool = False,
+        writes: bool = False,
     ) -> None:
         # the Python values read before the trace: a step that changes one (``self.n +=
         # 1``) makes the number an input of the program (`jaxdist._promote`)
         watched = _watch.watch(fn)
         first = _promote.promoted(fn) if numbers else ()
         before = {id(a): a for a in jax.live_arrays()}  # kept: no id is reused meanwhile
-        closed, numbers_used = self._trace(fn, body, examples, axis_env, first)
+        self._writes = writes
+        closed, numbers_used = self._trace(fn, body, examples, axis_env, first, ())
         counters = _watch.moved_numbers(fn, watched) if numbers else []
         if counters and _promote.remember(fn, counters):  # numbers the step changed
             for chain, value, _ in watched:
                 if chain in counters:  # as before the trace: the program counts this call
                     _promote.put(fn, chain, value)
-            closed, numbers_used = self._trace(fn, body, examples, axis_env, _promote.promoted(fn))
+            closed, numbers_used = self._trace(
+                fn, body, examples, axis_env, _promote.promoted(fn), ()
+            )
+        swaps, unfound_nested = self._nested(fn, closed, before)
+        if swaps:  # arrays read inside nested jaxprs: traced again with tracers there
+            try:
+                closed, numbers_used = self._trace(
+                    fn, body, examples, axis_env, numbers_used, swaps
+                )
+            except Exception:  # noqa: BLE001 - NumPy code on a NumPy array of the state
+                unfound_nested += [a for _, a in swaps if isinstance(a, np.ndarray)]
+                swaps = [(c, a) for c, a in swaps if not isinstance(a, np.ndarray)]
+                closed, numbers_used = self._trace(
+                    fn, body, examples, axis_env, numbers_used, swaps
+                )
         self._numbers = numbers_used
+        self._swaps = [(c, a.shape, a.dtype) for c, a in swaps]
         self._types = [type(_capture.fetch(fn, c)) for c in numbers_used]
         self._promote = numbers
         self._watched = tuple(w for w in _watch.settle(fn, watched) if w[0] not in numbers_used)
         self._checker = _watch.Checker(self._watched)
         where = _watch.leaked(fn)
         if where is not None:
-            raise RuntimeError(
-                f"The step {describe(fn)} stored a value it computed in {where} (a JAX "
-                "tracer): jaxdist traces the step once, so an assignment inside it does not "
-                "happen on every call, and the stored tracer is invalid once the trace ends. "
-                f"Return the new value from the step and assign it after strategy.run "
-                f"({where} = strategy.run(...)), as with a tf.Variable's assign."
-            )
+            raise _stored_tracer(fn, where)
+        self._lift(fn, closed, outputs, before, unfound_nested)
+        self._jaxpr = closed.jaxpr
+        chains = [*self._numbers, *(c for c, *_ in self._swaps), *(c for _, c, *_ in self._lifted)]
+        self._fetcher = _capture.Fetcher(chains)
+        self._arrays = [(s, d) for _, s, d in self._swaps] + [(s, d) for *_, s, d in self._lifted]
+        self._placed: list = [None] * len(self._arrays)
+        self._fresh = True
+        self.num_inputs = len(chains)
+
+    def _lift(self, fn: Callable, closed: Any, outputs: Callable, before: dict, nested: list):
+        """The arrays read from state that are constants of the trace become inputs."""
         consts = list(closed.consts)
         out_consts = [x for x in outputs() if _is_array(x)]
         limits: dict = {}
         found = _capture.locate_all(fn, consts + out_consts, limits) if consts or out_consts else []
         chains = [c[0] if c else None for c in found]
-        _check_not_stacked(fn, chains[: len(consts)], consts)
+        if not self._writes:  # (jd.function reads distributed values whole, as TF does)
+            _check_not_stacked(fn, chains[: len(consts)], consts)
         unfound = [c for c, ch in zip(consts, chains) if ch is None]
-        if limits.get("numpy"):
-            _warn_numpy_copies(fn, unfound)
+        if limits.get("numpy") or any(isinstance(c, np.ndarray) for c in nested):
+            _warn_numpy_copies(fn, unfound + nested)
         if not limits.get("truncated"):  # (`locate_all` has warned then)
-            _warn_unfound_arrays(fn, [c for c in unfound if id(c) in before])
-        del before
+            _warn_unfound_arrays(fn, [c for c in unfound if id(c) in before] + nested)
         lifted = [(i, c) for i, c in enumerate(chains[: len(consts)]) if c is not None]
         self._lifted = [(i, c, np.shape(consts[i]), consts[i].dtype) for i, c in lifted]
         # one array read under two names was traced as one: valid while they hold one array
@@ -206,48 +224,106 @@ class Staged:
         self._strict = any(c is not None for c in consts)
         self._captured = captured_ids(fn, self._strict)
         self._consts = consts
-        self._jaxpr = closed.jaxpr
         self._outs = {id(x): c for x, c in zip(out_consts, chains[len(consts) :]) if c is not None}
-        self._placed: list = [None] * len(self._lifted)
-        self._fetcher = _capture.Fetcher([*self._numbers, *(c for _, c, *_ in self._lifted)])
-        self._fresh = True
-        self.num_inputs = len(self._numbers) + len(self._lifted)
 
-    def _trace(self, fn: Callable, body: Callable, examples: Sequence, axis_env: Any, numbers):
-        """``body`` traced with the numbers at ``numbers`` as inputs after ``examples``
-        (none where the step needs their values); the trace and the numbers used."""
+    @staticmethod
+    def _nested(fn: Callable, closed: Any, before: dict) -> tuple[list, list]:
+        """The arrays of the state read inside nested jaxprs (a jitted helper; a
+        ``strategy.run`` traced inside ``jd.function``): ``[(chain, array)]`` where a
+        tracer can be put in their place (a NumPy view: in its array's place), and
+        the arrays that stay constants."""
+        nested = [
+            c
+            for c in nested_consts(closed.jaxpr)
+            if (isinstance(c, jax.Array) and not is_tracer(c) and id(c) in before)
+            or (isinstance(c, np.ndarray) and c.dtype != object)
+        ]
+        if not nested:
+            return [], []
+        found = _capture.locate_all(fn, nested)
+        swaps, kept, seen = [], [], set()
+        for array, chains in zip(nested, found):
+            bases = [c[:-1] if c[-1][0] == "view" else c for c in chains]
+            chain = next((c for c in bases if _assign.can_replace(fn, c)), None)
+            if chain is None:
+                kept.append(array)
+            elif chain not in seen:
+                seen.add(chain)
+                swaps.append((chain, _capture.fetch(fn, chain)))
+        return swaps, kept
+
+    def _trace(
+        self, fn: Callable, body: Callable, examples: Sequence, axis_env: Any, numbers, swaps
+    ):
+        """``body`` traced with the numbers at ``numbers`` and the arrays at ``swaps`` as
+        inputs after ``examples`` (numbers none where the step needs their values); the
+        trace and the numbers used."""
         self._written: list = []
+        self._assigned: list = []
+        chains = [c for c, _ in swaps]
 
         def traced(*args: Any) -> list:
-            k = len(args) - len(numbers)
-            with _promote.Swapped(fn, numbers, args[k:]) as swap:
-                outs = list(body(*args[:k]))
+            k = len(args) - len(numbers) - len(swaps)
+            mine = args[k + len(numbers) :]
+            with _promote.Swapped(fn, numbers, args[k : k + len(numbers)]) as swap:
+                with _assign.Swapped(fn, chains, list(mine)) as arrays:
+                    before = _assign.snapshot(fn) if self._writes else {}
+                    outs = list(body(*args[:k]))
+                    arrays.check_written()
+                    if not self._writes and arrays.written:
+                        where = _watch.describe(fn, chains[arrays.written[0][0]])
+                        raise _stored_tracer(fn, where)
+                    extra = self._take_assigned(fn, before, set(numbers)) if self._writes else []
             self._written = swap.written
-            return outs + [jax.numpy.asarray(v) for _, v in swap.written]
+            return outs + [jax.numpy.asarray(v) for _, v in swap.written] + extra
 
         specs = [_promote.spec(_capture.fetch(fn, c)) for c in numbers]
+        specs += [_spec(a) for _, a in swaps]
         make = jax.make_jaxpr(traced, axis_env=axis_env or [])
         if not numbers:
-            return make(*examples), ()
+            return make(*examples, *specs), ()
         try:
             return make(*examples, *specs), tuple(numbers)
         except Exception:  # noqa: BLE001 - the step needs a number's value: keep it static
             _promote.make_static(fn, numbers)
-            return self._trace(fn, body, examples, axis_env, ())
+            return self._trace(fn, body, examples, axis_env, (), swaps)
+
+    def _take_assigned(self, fn: Callable, before: dict, skip: set) -> list:
+        """What the traced function assigned into its state (``self.params = new``): the
+        places recorded for `write_back`, the objects put back, the new arrays returned."""
+        trace = _jax_internals.current_trace()
+        ours = lambda x: isinstance(x, jax.core.Tracer) and getattr(x, "_trace", trace) is trace  # noqa: E731
+        places = _assign.assigned(fn, before, ours, skip)
+        out: list = []
+        for chain, _, new in places:
+            leaves, treedef = jax.tree.flatten(new)
+            traced = [ours(x) for x in leaves]
+            kept = [None if t else x for x, t in zip(leaves, traced)]
+            self._assigned.append((chain, treedef, kept))
+            out += [x for x, t in zip(leaves, traced) if t]
+        _assign.restore(fn, [(chain, old) for chain, old, _ in places])
+        return out
 
     def evaluate(self, *args: Any) -> list:
         """The program: the traced body on ``args``, the numbers, the captured inputs."""
         k = len(args) - len(self._lifted)
-        consts = list(self._consts)
+        consts = list(self._consts)  # the traced inputs first (numbers and swaps among them)
         for (i, *_), v in zip(self._lifted, args[k:]):
             consts[i] = v
         return jaxpr_as_fun(ClosedJaxpr(self._jaxpr, consts))(*args[:k])
 
     def write_back(self, fn: Callable, outs: list) -> None:
-        """Stores the numbers the step wrote in its state (outputs after its own)."""
+        """Stores what the step wrote in its state: the Python numbers it changed, and
+        (``writes``) the values it assigned (outputs after its own, in that order)."""
+        n = sum(sum(1 for x in leaves if x is None) for _, _, leaves in self._assigned)
+        end = len(outs) - n
         if self._written:
-            tail = outs[len(outs) - len(self._written) :]
+            tail = outs[end - len(self._written) : end]
             _promote.write_back(fn, self._numbers, self._written, tail)
+        it = iter(outs[end:])
+        for chain, treedef, leaves in self._assigned:
+            value = treedef.unflatten([next(it) if x is None else x for x in leaves])
+            _assign.replace(fn, chain, value)
 
     def inputs(self, fn: Callable, place: Callable[[Any], Any] | None = None) -> list | None:
         """The captured arrays now, or None when ``fn``'s state no longer fits this trace
@@ -272,10 +348,10 @@ class Staged:
         p = len(self._numbers)
         if any(type(n) is not kind for n, kind in zip(out, self._types)):
             return None
-        for v, (_, _, shape, dtype) in zip(out[p:], self._lifted):
+        for v, (shape, dtype) in zip(out[p:], self._arrays):
             if not _is_array(v) or v.shape != shape or v.dtype != dtype:
                 return None
-        if self._aliases and not self._same_aliases(fn, out[len(self._numbers) :]):
+        if self._aliases and not self._same_aliases(fn, out[p + len(self._swaps) :]):
             return None
         if place is not None:
             out[p:] = [self._place(k, v, place) for k, v in enumerate(out[p:])]

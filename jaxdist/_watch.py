@@ -43,8 +43,8 @@ def describe(fn: Callable, chain: Chain) -> str:
             out = key
         elif kind in ("default", "kwdefault", "parg", "pkw"):
             out = f"{'default' if 'default' in kind else 'partial'} argument {key!r}"
-        elif kind in ("attr", "getattr"):
-            out += f".{key}"
+        elif kind in ("attr", "getattr", "fattr"):
+            out = (out or getattr(obj, "__name__", "fn")) + f".{key}"
         elif kind == "item":
             out += f"[{key!r}]"
         elif kind == "child":
@@ -89,8 +89,12 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
             out.append((chain, _size(value), "size"))  # an entry more: ``for w in self.ws``
         elif isinstance(value, _PARTS):
             continue  # arrays are inputs; tuples, methods: their parts
+        elif _tree_def(value) is not None:  # a pytree node (an nnx.Param): its structure
+            out.append((chain, _tree_def(value), "tree"))
         elif _peek.instance_dict(value) is not None and not _plain_callable(value):
             out.append((chain, type(value), "type"))
+        elif type(value) is types.FunctionType:  # the same code over the same captures
+            out.append((chain, function_key(value), "code"))
         elif callable(value):
             out.append((chain, value, "ident"))
     out += _library_values(libraries, named)
@@ -150,6 +154,26 @@ def _by_name(fn: Callable, watched: tuple[Chain, Any, str], named: set[str]) -> 
     return all(_names.users_class(type(o)) for o in owners)
 
 
+def _tree_def(value: Any) -> Any:
+    """The structure of a registered pytree node (None for a leaf): a value written back
+    as a new object of the same structure (``self.params`` after an update) is the same
+    to a trace; its arrays are inputs."""
+    if (
+        isinstance(value, (jax.Array, np.ndarray, *WATCHED_SCALARS))
+        or callable(value)
+        and (isinstance(value, (types.FunctionType, types.BuiltinFunctionType)))
+    ):
+        return None
+    try:
+        kids, treedef = jax.tree_util.tree_flatten(value, is_leaf=lambda x: x is not value)
+    except Exception:  # noqa: BLE001 - a node whose flatten fails is compared otherwise
+        return None
+    return None if len(kids) == 1 and kids[0] is value else treedef
+
+
+WATCHED_SCALARS = (bool, int, float, complex, str, type(None), np.generic)
+
+
 def _plain_callable(value: Any) -> bool:
     """A function, method, partial or other callable that is not a user object."""
     if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
@@ -176,7 +200,53 @@ _PARTS = (
 )
 _EXACT = frozenset((bool, int, float, complex, str, type(None)))  # not subclasses: no __eq__
 _MAX_WATCHED = 4096  # about 2 ms a call to check (`Checker`), past it a warning
-_ORDER = {"value": 0, "size": 1, "ident": 2, "type": 3}  # numbers first in the bound
+# numbers first in the bound
+_ORDER = {"value": 0, "size": 1, "ident": 2, "code": 2, "tree": 3, "type": 3}
+
+
+def function_key(fn: Callable, strict: bool = False, depth: int = 0) -> tuple:
+    """What makes two Python functions the same step: their code, their globals and
+    what they capture (closure cells, defaults), functions among them compared the same
+    way, other objects by identity; arrays and Python scalars by type only unless
+    ``strict`` (they are state, read afresh). A function defined inside each call of a
+    method (orbit's ``def train_fn(state, inputs)``) is then the same step every call.
+
+    >>> def make(k):
+    ...     def inner(x):
+    ...         return x * k
+    ...     return lambda x: inner(x) + 1
+    >>> function_key(make(2.0)) == function_key(make(3.0))
+    True
+    >>> function_key(make(2.0), strict=True) == function_key(make(3.0), strict=True)
+    False
+    """
+    fn = getattr(fn, "__func__", fn)
+    cells = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            cells.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    held = cells + list(getattr(fn, "__defaults__", None) or ())
+    code = getattr(fn, "__code__", None)
+    globs = getattr(fn, "__globals__", None)
+    return (code, id(globs), tuple(_captured_key(v, strict, depth) for v in held))
+
+
+def _captured_key(value: Any, strict: bool, depth: int) -> Any:
+    if not strict and isinstance(value, _FRESH):
+        return type(value)
+    if depth >= _MAX_DEPTH:
+        return id(value)
+    if type(value) is types.FunctionType:
+        return function_key(value, strict, depth + 1)
+    if type(value) is types.MethodType:  # ``t.step`` is a new object at every access
+        return (function_key(value.__func__, strict, depth + 1), id(value.__self__))
+    return id(value)
+
+
+_FRESH = (jax.Array, np.ndarray, np.generic, int, float, complex, bool, str, type(None))
+_MAX_DEPTH = 8  # functions inside functions compared by code; deeper ones by identity
 
 
 def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
@@ -207,6 +277,10 @@ class Checker:
 def _differs(now: Any, value: Any, how: str) -> bool:
     if how == "type":
         return type(now) is not value
+    if how == "tree":
+        return _tree_def(now) != value
+    if how == "code":
+        return type(now) is not types.FunctionType or function_key(now) != value
     if how == "size":
         return _size(now) != value
     if now is value:

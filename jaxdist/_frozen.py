@@ -1,0 +1,56 @@
+"""State frozen by a user's own compile: named at the trace, never silent.
+
+Inside a plain ``jax.jit`` (or a ``lax`` loop body) a ``strategy.run`` step is traced
+as part of the user's function, and the arrays it reads from its object, closure or
+globals become constants of the user's program: later changes are not seen. jaxdist
+cannot make them inputs of a program it does not own, so it names them, once per
+trace, with the two fixes: ``jd.function`` (TF's ``tf.function``, which reads state
+afresh and writes back what it assigns) or passing the state as an argument.
+``jd.function``'s own trace reads state afresh, so nothing is said there.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from jaxdist import _capture, _context, _watch
+from jaxdist._jax_internals import nested_consts
+from jaxdist._layout import is_tracer
+from jaxdist._validate import describe
+
+
+def warn_frozen(fn: Callable, body: Callable, examples: Sequence[Any], axis_env: list) -> None:
+    """Warns naming the arrays of ``fn``'s state that ``body`` (traced inside a user's
+    compile) reads: each is a constant of that compile."""
+    if _context.in_function() or getattr(fn, "__module__", "").startswith("jaxdist."):
+        return  # jd.function reads its state afresh; jaxdist's own steps pass theirs
+    try:
+        closed = jax.make_jaxpr(body, axis_env=axis_env)(*examples)
+    except Exception:  # noqa: BLE001 - the real call reports the step's own errors
+        return
+    consts = [
+        c
+        for c in [*closed.consts, *nested_consts(closed.jaxpr)]
+        if isinstance(c, jax.Array) and not is_tracer(c)
+    ]
+    if not consts:
+        return
+    found = [c for c in _capture.locate(fn, consts) if c is not None]
+    if not found:
+        return
+    names = ", ".join(_watch.describe(fn, c) for c in found[:4])
+    more = f" and {len(found) - 4} more" if len(found) > 4 else ""
+    warnings.warn(
+        f"strategy.run({describe(fn)}) is traced inside your own jax.jit (or lax loop): "
+        f"the state it reads ({names}{more}) is baked into that compiled function as "
+        "constants, so a later change (an optimizer step, a checkpoint restore) is not "
+        "seen. Decorate the function that calls strategy.run with @jd.function instead of "
+        "jax.jit (it reads state afresh on every call and writes back what it assigns, as "
+        "tf.function does), or pass the state to it as arguments.",
+        RuntimeWarning,
+        stacklevel=4,
+    )

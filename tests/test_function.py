@@ -1,0 +1,257 @@
+"""`jd.function` (TF's `tf.function`): the TF trainer idiom ported with one decorator changed.
+
+Expected values come from the replica count or from the same training written out in NumPy
+on one device; compile counts from the function's own `experimental_get_tracing_count`.
+"""
+
+import gc
+import os
+import tracemalloc
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import mirrored
+
+import jaxdist as jd
+
+R = (1, 2, 8)
+
+
+@pytest.mark.parametrize("n", R)
+def test_tf_trainer_idiom_reads_self_afresh(n):
+    """TF's ``@tf.function def distributed_step(self, x): return strategy.run(self.step,
+    ...)``: 8, 40 on 8 replicas where plain jax.jit freezes the first weights (8, 8)."""
+    strategy = mirrored(n)
+
+    class Trainer:
+        def __init__(self):
+            self.w = jnp.ones(())
+
+        def step(self, x):
+            return jd.get_replica_context().all_reduce("SUM", x * self.w)
+
+        @jd.function
+        def distributed_step(self, x):
+            return strategy.run(self.step, args=(x,))
+
+    t = Trainer()
+    first = strategy.experimental_local_results(t.distributed_step(jnp.ones(())))
+    t.w = jnp.full((), 5.0)
+    second = strategy.experimental_local_results(t.distributed_step(jnp.ones(())))
+    assert [float(v) for v in first] == [float(n)] * n
+    assert [float(v) for v in second] == [5.0 * n] * n
+    assert t.distributed_step.experimental_get_tracing_count() == 1
+
+
+@pytest.mark.parametrize("n", R)
+def test_plain_jax_jit_names_the_state_it_freezes(n):
+    strategy = mirrored(n)
+
+    class Trainer:
+        def __init__(self):
+            self.params = {"kernel": jnp.ones(())}
+
+        def step(self, x):
+            return x * self.params["kernel"]
+
+    t = Trainer()
+    with pytest.warns(RuntimeWarning, match=r"self\.params\['kernel'\].*@jd\.function"):
+        jax.jit(lambda x: strategy.run(t.step, args=(x,)))(jnp.ones(()))
+
+
+GB, ROWS, EPOCHS = 8, 37, 20  # 5 batches an epoch, the last of 5 rows: 100 steps
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS, 3)).astype(np.float32)
+    y = (x @ np.array([1.0, -2.0, 0.5], np.float32) + 0.3).astype(np.float32)
+    return [(x[i : i + GB], y[i : i + GB]) for i in range(0, ROWS, GB)]
+
+
+def _numpy_training(batches, schedule):
+    """The same training on one device, in NumPy (float64): (params after each step)."""
+    w, b, lr, out, saved = np.zeros(3), 0.0, 0.1, [], None
+    for step in range(EPOCHS * len(batches)):
+        lr, restore = schedule(step, lr)
+        if restore is not None:
+            w, b = saved
+        x, y = batches[step % len(batches)]
+        err = x @ w + b - y
+        w, b = w - lr * 2 * x.T @ err / GB, b - lr * 2 * err.sum() / GB
+        if step == 29:
+            saved = (w.copy(), b)
+        out.append((w.copy(), b))
+    return out
+
+
+def _schedule(step, lr):
+    """The host's changes between calls: a new learning rate at step 50, the weights saved
+    after step 29 restored before step 70."""
+    return (0.05 if step >= 50 else lr), (True if step == 70 else None)
+
+
+class Trainer:
+    """A TF-style trainer: parameters, learning rate and step count on ``self``."""
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+        self.params = {"w": jnp.zeros(3), "b": jnp.zeros(())}
+        self.lr = 0.1
+        self.steps = 0
+
+    def replica_grads(self, x, y):
+        def loss(p):
+            return jnp.sum((x @ p["w"] + p["b"] - y) ** 2) / GB
+
+        return jax.grad(loss)(self.params)
+
+    @jd.function
+    def train_step(self, x, y):
+        grads = self.strategy.run(self.replica_grads, args=(x, y))
+        grads = self.strategy.reduce("SUM", grads, axis=None)
+        self.params = jax.tree.map(lambda p, g: p - self.lr * g, self.params, grads)
+        self.steps += 1
+
+
+@pytest.mark.parametrize("n", R)
+def test_a_trainer_on_self_trains_to_one_devices_parameters(n):
+    strategy, batches = mirrored(n), _data()
+    expected = _numpy_training(batches, _schedule)
+    t, dist = Trainer(strategy), strategy.experimental_distribute_dataset(batches)
+    step, saved = 0, None
+    for _ in range(EPOCHS):
+        for x, y in dist:
+            t.lr, restore = _schedule(step, t.lr)
+            if restore:
+                t.params = jax.tree.map(jnp.asarray, saved)  # a checkpoint restored
+            t.train_step(x, y)
+            if step == 29:
+                saved = jax.tree.map(np.asarray, t.params)
+            w, b = expected[step]
+            np.testing.assert_allclose(np.asarray(t.params["w"]), w, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(float(t.params["b"]), b, rtol=1e-5, atol=1e-5)
+            step += 1
+    assert step == 100 and t.steps == 100 and type(t.steps) is int
+    # one trace per batch shape (full, partial), each once more when the host first set lr
+    assert t.train_step.experimental_get_tracing_count() <= 4
+
+
+@pytest.mark.parametrize("n", R)
+def test_a_flax_nnx_model_with_an_optax_optimizer_on_self(n):
+    from conftest import require
+
+    nnx, optax = require("flax.nnx"), require("optax")
+    strategy, batches = mirrored(n), _data()
+    expected = _numpy_training(batches, lambda step, lr: (lr, None))
+
+    class Trainer:
+        def __init__(self):
+            model = nnx.Linear(3, 1, rngs=nnx.Rngs(0))
+            self.graphdef, params = nnx.split(model, nnx.Param)
+            self.params = jax.tree.map(jnp.zeros_like, params)  # the NumPy run starts at 0
+            self.tx = optax.sgd(0.1)
+            self.opt_state = self.tx.init(self.params)
+
+        def replica_grads(self, x, y):
+            def loss(params):
+                model = nnx.merge(self.graphdef, params)
+                return jnp.sum((model(x)[:, 0] - y) ** 2) / GB
+
+            return jax.grad(loss)(self.params)
+
+        @jd.function
+        def train_step(self, x, y):
+            grads = strategy.reduce("SUM", strategy.run(self.replica_grads, args=(x, y)), None)
+            updates, self.opt_state = self.tx.update(grads, self.opt_state, self.params)
+            self.params = optax.apply_updates(self.params, updates)
+
+    t, step = Trainer(), 0
+    for _ in range(EPOCHS):
+        for x, y in strategy.experimental_distribute_dataset(batches):
+            t.train_step(x, y)
+            w, b = expected[step]
+            model = nnx.merge(t.graphdef, t.params)
+            np.testing.assert_allclose(np.asarray(model.kernel[...])[:, 0], w, atol=1e-5)
+            np.testing.assert_allclose(np.asarray(model.bias[...])[0], b, atol=1e-5)
+            step += 1
+    assert t.train_step.experimental_get_tracing_count() == 2  # full and partial batches
+
+
+@pytest.mark.parametrize("n", R)
+def test_a_keras_stateless_call_trainer(n):
+    from conftest import require
+
+    keras = require("keras")
+    strategy, batches = mirrored(n), _data()
+    expected = _numpy_training(batches, lambda step, lr: (lr, None))
+
+    class Trainer:
+        def __init__(self):
+            dense = keras.layers.Dense(1, kernel_initializer="zeros")
+            self.model = keras.Sequential([keras.Input((3,)), dense])
+            self.trainable = [v.value for v in self.model.trainable_variables]
+            self.lr = 0.1
+
+        def replica_grads(self, x, y):
+            def loss(trainable):
+                pred, _ = self.model.stateless_call(trainable, [], x)
+                return jnp.sum((pred[:, 0] - y) ** 2) / GB
+
+            return jax.grad(loss)(self.trainable)
+
+        @jd.function
+        def train_step(self, x, y):
+            grads = strategy.reduce("SUM", strategy.run(self.replica_grads, args=(x, y)), None)
+            self.trainable = [p - self.lr * g for p, g in zip(self.trainable, grads)]
+
+    t, step = Trainer(), 0
+    for _ in range(EPOCHS):
+        for x, y in strategy.experimental_distribute_dataset(batches):
+            t.train_step(x, y)
+            w, b = expected[step]
+            np.testing.assert_allclose(np.asarray(t.trainable[0])[:, 0], w, atol=1e-5)
+            np.testing.assert_allclose(np.asarray(t.trainable[1])[0], b, atol=1e-5)
+            step += 1
+    assert t.train_step.experimental_get_tracing_count() == 2
+
+
+TRACES: list = []
+
+
+def test_orbits_per_call_train_fn_compiles_once_and_memory_stays_flat():
+    """Model Garden's orbit trainer: ``train_fn`` defined inside each ``train_step``, the
+    step a lambda over it: the same code over the same captures is the same step."""
+    strategy = mirrored(2)
+
+    class Trainer:
+        def __init__(self):
+            self.state = {"w": jnp.ones(3)}
+
+        def train_step(self, inputs):
+            def train_fn(state, inputs):
+                TRACES.append(1)  # runs when traced only
+                return jd.get_replica_context().all_reduce("SUM", inputs * state["w"])
+
+            return strategy.run(lambda inputs: train_fn(self.state, inputs), args=(inputs,))
+
+    t, x = Trainer(), jnp.ones(3)
+    for _ in range(200):  # warm: caches and allocator at their working size
+        t.train_step(x)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(10_000):
+        out = t.train_step(x)
+        if i == 5_000:
+            t.state = {"w": jnp.full(3, 2.0)}  # state changed from outside: seen
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert [float(v) for v in strategy.experimental_local_results(out)[0]] == [4.0] * 3
+    assert grown < 50 * 2**20
+    assert len(TRACES) <= 2
