@@ -80,6 +80,20 @@ def test_a_stray_file_would_be_found(tmp_path, monkeypatch):
     assert docs_files() == {"guides/keras.md.orig"}
 
 
+def test_no_lab_notes_in_the_guides():
+    for page in GUIDES:
+        if page.relative_to(DOCS).as_posix() in NOT_YET:
+            continue
+        hits = [m.group(0) for m in LAB_NOTES.finditer(page.read_text())]
+        assert not hits, f"{page.relative_to(ROOT)}: {hits} (figures and dates: docs/benchmarks.md)"
+
+
+def test_the_lab_notes_pattern_finds_them():
+    for note in ("measured 2026-11-24", "at load 5-9", "see issue 30", "Issue 26"):
+        assert LAB_NOTES.search(note), note
+    assert not LAB_NOTES.search("8 replicas, 2 workers, batch 64")
+
+
 def test_install_commands_work_on_a_clone():
     """No package is published: the pages install from the clone, and every `make` target they
     show is one of the Makefile's (make conformance needs a directory outside the repository)."""
