@@ -40,6 +40,7 @@ def test_the_examples_are_found():
         "guides/testing.md",
         "guides/multi-worker.md",
         "migrating.md",
+        "no-equivalent.md",
     } <= with_examples, with_examples
 
 

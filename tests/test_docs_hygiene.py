@@ -24,6 +24,7 @@ ALLOWED = {
     "hooks.py",
     "index.md",
     "migrating.md",
+    "no-equivalent.md",
     "notebooks",  # a link to ../notebooks
     "api/index.md",
     "api/jaxdist.md",
@@ -48,6 +49,7 @@ GUIDES = [
     *sorted((DOCS / "guides").glob("*.md")),
     DOCS / "migrating.md",
     DOCS / "getting-started.md",
+    DOCS / "no-equivalent.md",
 ]
 LAB_NOTES = re.compile(r"20[0-9]{2}-[0-9]{2}-[0-9]{2}|load [0-9]|issue [0-9]+", re.I)
 NOT_YET = {"guides/state.md"}  # owned elsewhere; cleaned on its own branch
