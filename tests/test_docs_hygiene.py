@@ -38,6 +38,7 @@ ALLOWED = {
     "guides/input.md",
     "guides/keras.md",
     "guides/multi-worker.md",
+    "guides/recipes.md",
     "guides/state.md",
     "guides/testing.md",
     "guides/training-loops.md",
