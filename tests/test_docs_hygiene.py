@@ -4,6 +4,7 @@ install commands that work on a clone.
 The code blocks themselves run in tests/test_docs_examples.py and tests/test_readme.py.
 """
 
+import json
 import os
 import pathlib
 import re
@@ -107,3 +108,42 @@ def test_install_commands_work_on_a_clone():
         for target in re.findall(r"\bmake ([a-z][a-z-]*)", text):
             assert target in targets, (page.name, target)
             assert target != "conformance", page.name
+
+
+def table_pairs(text: str) -> list[tuple[str, str]]:
+    """The (TF, jaxdist) cells of a Markdown table's rows, header and rule left out."""
+    pairs = []
+    for line in text.splitlines():
+        if not line.startswith("| ") or line.startswith("|---"):
+            continue
+        tf_name, jaxdist_name = (c.strip() for c in re.split(r"(?<!\\)\|", line)[1:3])
+        pairs.append((tf_name, jaxdist_name))
+    return pairs[1:]  # the header row
+
+
+def migrating_mapping() -> list[tuple[str, str]]:
+    text = (DOCS / "migrating.md").read_text()
+    return table_pairs(text[text.index("## What maps to what") : text.index("## Behaviours")])
+
+
+def notebook_mapping() -> list[tuple[str, str]]:
+    nb = json.loads((ROOT / "notebooks" / "03_migrating_from_tf.ipynb").read_text())
+    (cell,) = [c for c in nb["cells"] if "".join(c["source"]).startswith("## 5. The API mapping")]
+    return table_pairs("".join(cell["source"]))
+
+
+def test_the_two_mapping_tables_map_the_same_names_the_same_way():
+    """docs/migrating.md's table (with what differs) and notebook 03's (TF | jaxdist) list the
+    same TF names, in the same order, mapped to the same jaxdist names: one mapping, two places."""
+    docs, notebook = migrating_mapping(), notebook_mapping()
+    assert len(docs) >= 20, docs
+    assert {tf for tf, _ in docs} == {tf for tf, _ in notebook}
+    assert docs == notebook
+
+
+def test_tf_function_is_mapped_one_way():
+    """`@tf.function` is `@jax.jit` in both tables and in notebook 03's list of differences."""
+    rows = [jd for tf, jd in migrating_mapping() if "tf.function" in tf]
+    assert rows and all("@jax.jit" in jd for jd in rows), rows
+    nb = (ROOT / "notebooks" / "03_migrating_from_tf.ipynb").read_text()
+    assert "nothing: `strategy.run` compiles" not in nb
