@@ -147,3 +147,18 @@ def test_tf_function_is_mapped_one_way():
     assert rows and all("@jax.jit" in jd for jd in rows), rows
     nb = (ROOT / "notebooks" / "03_migrating_from_tf.ipynb").read_text()
     assert "nothing: `strategy.run` compiles" not in nb
+
+
+def step_of(text: str) -> list[str]:
+    """The `def step(w, x):` block of a page, comments and trailing blanks removed."""
+    block = re.search(r"^def step\(w, x\):.*\n(?:    .*\n)+", text, re.M).group(0)
+    return [re.sub(r"\s*#.*$", "", line).rstrip() for line in block.splitlines()]
+
+
+def test_training_loops_continues_the_15_line_example():
+    """The 15-line example lives in the README and getting started (tests/test_readme.py keeps
+    them equal); the training-loops guide repeats only its step, to run on its own, and that step
+    must stay the same."""
+    readme = step_of((ROOT / "README.md").read_text())
+    assert len(readme) == 4, readme
+    assert step_of((DOCS / "guides" / "training-loops.md").read_text()) == readme
