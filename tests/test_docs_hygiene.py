@@ -54,7 +54,7 @@ GUIDES = [
     DOCS / "no-equivalent.md",
 ]
 LAB_NOTES = re.compile(r"20[0-9]{2}-[0-9]{2}-[0-9]{2}|load [0-9]|issue [0-9]+", re.I)
-NOT_YET = {"guides/state.md"}  # owned elsewhere; cleaned on its own branch
+NOT_YET = {"guides/state.md"}  # owned elsewhere; cleaned on its own branch (the lead adds it)
 
 
 def docs_files() -> set[str]:
@@ -96,6 +96,27 @@ def test_the_lab_notes_pattern_finds_them():
     for note in ("measured 2026-11-24", "at load 5-9", "see issue 30", "Issue 26"):
         assert LAB_NOTES.search(note), note
     assert not LAB_NOTES.search("8 replicas, 2 workers, batch 64")
+
+
+# A measured figure: a ratio with decimals (1.3x), a time (0.25 ms, 7 µs, 1.4 s), a median.
+FIGURE = re.compile(r"\b\d+\.\d+ ?x\b|\b\d+(\.\d+)? ?(ms|µs)\b|\b\d+\.\d+ s\b|\bmedian", re.I)
+
+
+def test_figures_live_on_the_benchmarks_page():
+    """A guide links to docs/benchmarks.md for a figure instead of quoting it (one home for each
+    figure, with its date, machine and command)."""
+    for page in GUIDES:
+        if page.relative_to(DOCS).as_posix() in NOT_YET:
+            continue
+        hits = [m.group(0) for m in FIGURE.finditer(page.read_text())]
+        assert not hits, f"{page.relative_to(ROOT)}: {hits} (link to docs/benchmarks.md instead)"
+
+
+def test_the_figure_pattern_finds_them():
+    for figure in ("1.63x", "0.85 x", "0.25 ms", "~25 µs", "1.4 s", "the median of 5 rounds"):
+        assert FIGURE.search(figure), figure
+    for not_a_figure in ("timeout_seconds + 5 s", "2 x 2 devices", "twice the devices (2x)"):
+        assert not FIGURE.search(not_a_figure), not_a_figure
 
 
 def test_install_commands_work_on_a_clone():
