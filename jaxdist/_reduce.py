@@ -44,7 +44,23 @@ MULTI_WORKER_RAGGED = (
 )
 
 
-def _axis(axis: int, ndim: int, what: str) -> int:
+RANK0_FIX = {
+    "strategy.reduce": "reduce rank-0 values (a loss, a count) across replicas with axis=None: "
+    "strategy.reduce(op, value, axis=None)",
+    "strategy.gather": "give each replica's value an axis to concatenate along first "
+    "(x[None] inside the step)",
+}
+
+
+GATHER = "strategy.gather"
+
+
+def _axis(axis: int, ndim: int, what: str, call: str = "strategy.reduce") -> int:
+    if ndim == 0:
+        raise ValueError(
+            f"{call}(..., axis={axis}): there is no axis {axis} in {what} (rank 0: "
+            f"scalars); {RANK0_FIX[call]}."
+        )
     if not -ndim <= axis < ndim:
         raise ValueError(
             f"axis={axis} is out of range for {what} of rank {ndim} (valid: {-ndim} to {ndim - 1})."
@@ -222,12 +238,16 @@ def gather_value(replicas: Replicas, value: Any, axis: int) -> Any:
     if pad is not None:
         full = all_rows(replicas, value)
         rows = [full[i, :n] for i, n in enumerate(pad[1])]
-        return jnp.concatenate(rows, axis=_axis(axis, rows[0].ndim, "the per-replica values"))
+        return jnp.concatenate(
+            rows, axis=_axis(axis, rows[0].ndim, "the per-replica values", GATHER)
+        )
     if is_traced(value) and x is None:
         rows = [as_array(r) for r in value.values]
-        return jnp.concatenate(rows, axis=_axis(axis, rows[0].ndim, "the per-replica values"))
+        return jnp.concatenate(
+            rows, axis=_axis(axis, rows[0].ndim, "the per-replica values", GATHER)
+        )
     if x is not None:
-        ax = _axis(axis, x.ndim - 1, "the per-replica values")
+        ax = _axis(axis, x.ndim - 1, "the per-replica values", GATHER)
         shape = list(x.shape[1:])
         shape[ax] *= x.shape[0]
         if x.size == 0 and not is_traced(value):  # zero rows (a replica with no examples)
@@ -241,7 +261,7 @@ def gather_value(replicas: Replicas, value: Any, axis: int) -> Any:
             out = jax.lax.with_sharding_constraint(out, replicas.replicated)
         return out
     rows = [as_array(p) for p in value.values]
-    ax = _axis(axis, rows[0].ndim, "the per-replica values")
+    ax = _axis(axis, rows[0].ndim, "the per-replica values", GATHER)
     target = [replicas.first_device] * len(rows)
     return jnp.concatenate(jax.device_put(rows, target), axis=ax)
 

@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from jaxdist import _compile, _context, _one_replica, _promote, _ragged
+from jaxdist import _compile, _context, _one_replica, _promote, _ragged, _user_errors
 from jaxdist._devices import AXIS, Replicas
 from jaxdist._frozen import warn_frozen
 from jaxdist._layout import is_tracer, shard_rows
@@ -128,7 +128,10 @@ def make_body(strategy: Any, cdo: Any, n: int, get_fn: Callable, sig: tuple, inf
         ctx = make_replica_context(strategy, collectives)
         trace = _compile.current_trace()
         with _context.enter(_context.replica_state(strategy, ctx)):
-            out = get_fn()(*args, **kwargs)
+            try:
+                out = get_fn()(*args, **kwargs)
+            except _user_errors.CONCRETE_VALUE_ERRORS as e:
+                _user_errors.raise_for_step(get_fn(), e)
         leaves, info["treedef"] = jax.tree.flatten(out)
         traced = [
             _compile.is_inner_tracer(x, trace) or (fake and isinstance(x, jax.Array))

@@ -169,6 +169,23 @@ def _check_components(cls: str, values: Sequence[Any]) -> None:
             )
 
 
+def _scalar_error(name: str) -> Callable:
+    """``float(v)``, ``int(v)`` of a `PerReplica`: TF's `TypeError`, naming the fix.
+
+    (``bool(v)`` stays True, as in TF: TF's recorded answers, tests/tf_oracle.)
+    """
+
+    def method(self: Any) -> Any:
+        raise TypeError(
+            f"{name}() of a PerReplica: it holds one value per replica, not one "
+            f'number. Combine the replicas first: {name}(strategy.reduce("SUM", value, '
+            f'axis=None)) (or "MEAN"), or read one replica: '
+            f"{name}(strategy.experimental_local_results(value)[0])."
+        )
+
+    return method
+
+
 def _distributed_error(name: str) -> Callable:
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(
@@ -198,6 +215,8 @@ class PerReplica(DistributedValues):
 
     __array__ = _distributed_error("np.asarray")
     __jax_array__ = _distributed_error("jnp.asarray")
+    __float__ = _scalar_error("float")
+    __int__ = _scalar_error("int")
 
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False, init=False)

@@ -39,7 +39,9 @@ def test_the_examples_are_found():
         "guides/cross-device-ops.md",
         "guides/testing.md",
         "guides/multi-worker.md",
+        "guides/recipes.md",
         "migrating.md",
+        "no-equivalent.md",
     } <= with_examples, with_examples
 
 
