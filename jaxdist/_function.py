@@ -28,17 +28,21 @@ from __future__ import annotations
 
 import functools
 import types
+import weakref
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
 
-from jaxdist import _compile, _context
+from jaxdist import _capture, _compile, _context, _feeds
+from jaxdist._errors import OutOfRangeError
+from jaxdist._input_iter import DatasetIterator, DistributedIterator
 from jaxdist._stage import Staged, example
 from jaxdist._validate import describe, hashable_arg, is_number
 
 _DYNAMIC = "d"
+_ITERATORS = (DistributedIterator, DatasetIterator)
 
 
 def _signature(x: Any) -> Hashable:
@@ -50,6 +54,8 @@ def _signature(x: Any) -> Hashable:
 
 
 def _static_key(value: Any, index: int) -> Hashable:
+    if isinstance(value, _ITERATORS):  # read through `_feeds`: a new one each epoch is alike
+        return ("iterator", type(value))
     try:
         return (type(value), hashable_arg(value, index))
     except TypeError:
@@ -60,17 +66,73 @@ def _static_key(value: Any, index: int) -> Hashable:
         ) from None
 
 
+def _element_signature(element: Any) -> Hashable:
+    leaves, treedef = jax.tree.flatten(element)
+    return (treedef, tuple((np.shape(x), getattr(x, "dtype", type(x))) for x in leaves))
+
+
+class _Call:
+    """One call's elements of the distributed iterators the function reads (`_feeds`):
+    fetched on the host, in order, once per call whichever traces ask for them."""
+
+    def __init__(self, fn: Callable, leaves: list) -> None:
+        self._fn, self._leaves = fn, leaves
+        self._got: dict = {}
+
+    def where(self, iterator: Any) -> Hashable:
+        """An iterator's place: an argument's leaf, or a chain in the function's state."""
+        for i, leaf in enumerate(self._leaves):
+            if leaf is iterator:
+                return ("arg", i)
+        chain = _capture.locate(self._fn, [iterator])[0]
+        if chain is None:
+            raise RuntimeError(
+                f"The jd.function {describe(self._fn)} read a distributed iterator that is "
+                "neither one of its arguments nor in its state (its object, closure or "
+                "globals), so later calls could not read it again: pass it as an argument."
+            )
+        return ("chain", chain)
+
+    def take(self, source: Hashable, k: int, read: Callable | None = None) -> Any:
+        """The ``k``-th element of ``source`` in this call (read now if not yet)."""
+        key = (source, k)
+        if key not in self._got:
+            kind, at = cast(tuple, source)
+            iterator = self._leaves[at] if kind == "arg" else _capture.fetch(self._fn, at)
+            if read is None:
+                self._got[key] = next(iterator)
+            else:  # inside the trace: the batch is read and placed as eagerly, not traced
+                with jax.ensure_compile_time_eval():
+                    self._got[key] = read()
+        return self._got[key]
+
+    def fed(self, feeds: list) -> list | None:
+        """The arrays of the elements a trace read (``feeds``), or None if one of them
+        has another structure, shape or dtype now (a partial batch: another trace)."""
+        out = []
+        for source, k, signature in feeds:
+            element = self.take(source, k)
+            if _element_signature(element) != signature:
+                return None
+            out += jax.tree.leaves(element)
+        return out
+
+
 class _Program:
     """One trace of the function: the compiled program and how its outputs are read."""
 
-    def __init__(self, fn: Callable, treedef: Any, kinds: tuple, statics: list, dyn: list) -> None:
+    def __init__(
+        self, fn: Callable, treedef: Any, kinds: tuple, statics: list, dyn: list, call: _Call
+    ) -> None:
         info: dict = {}
+        feed = _feeds.Feed(call.where, call.take)
 
         def body(*arrays: Any) -> list:
             it, st = iter(arrays), iter(statics)
             leaves = [next(it) if k == _DYNAMIC else next(st) for k in kinds]
             args, kwargs = jax.tree.unflatten(treedef, leaves)
-            with _context.enter(_context.function_state(fn)):
+            feed.restart()
+            with _context.enter(_context.function_state(fn)), _feeds.feeding(feed):
                 out = fn(*args, **kwargs)
             flat, info["treedef"] = jax.tree.flatten(out)
             traced = [isinstance(x, jax.core.Tracer) for x in flat]
@@ -79,9 +141,21 @@ class _Program:
 
         examples = [example(x, False) for x in dyn]
         outputs = lambda: [x for x in info["layout"] if x is not None]  # noqa: E731
-        self.staged = Staged(fn, body, examples, outputs=outputs, numbers=True, writes=True)
+        fed = lambda: [x for _, _, e in feed.used for x in jax.tree.leaves(e)]  # noqa: E731
+        self.staged = Staged(
+            fn, body, examples, outputs=outputs, numbers=True, writes=True, fed=fed
+        )
+        self.feeds = [(s, k, _element_signature(e)) for s, k, e in feed.used]
         self._info = info
         self.program = jax.jit(self.staged.evaluate)
+
+    def inputs(self, fn: Callable, call: _Call) -> list | None:
+        """The program's inputs after the arguments (None: this trace does not fit)."""
+        state = self.staged.inputs(fn)
+        if state is None or not self.feeds:
+            return state
+        fed = call.fed(self.feeds)
+        return None if fed is None else state + fed
 
     def result(self, fn: Callable, outs: list) -> Any:
         it = iter(outs)
@@ -120,22 +194,49 @@ class Function:
         if _compile.tracing():  # inside another trace: inline, the outer trace owns it
             return fn(*args, **kwargs)
         leaves, treedef = jax.tree.flatten((args, kwargs))
+        call = _Call(fn, leaves)
+        code = getattr(fn, "__func__", fn)
+        try:
+            try:
+                return self._call(fn, leaves, treedef, call, _STATIC_NUMBERS.get(code, False))
+            except _CONCRETE as e:
+                if _STATIC_NUMBERS.get(code) or not any(is_number(x) for x in leaves):
+                    raise
+                # it needs a Python number's value (``range(steps)``): numbers in its
+                # arguments are static from now on, as tf.function's are
+                _STATIC_NUMBERS[code] = True
+                del e
+                return self._call(fn, leaves, treedef, call, True)
+        except OutOfRangeError:
+            raise
+        except StopIteration as e:  # TF raises its OutOfRangeError from the call
+            raise OutOfRangeError(f"End of sequence in {describe(fn)}: {e}") from None
+
+    def _call(self, fn: Callable, leaves: list, treedef: Any, call: _Call, static: bool) -> Any:
         kinds, dyn, statics, key = [], [], [], []
         for i, x in enumerate(leaves):
-            if isinstance(x, (jax.Array, np.ndarray)) or is_number(x):
+            if isinstance(x, (jax.Array, np.ndarray)) or (is_number(x) and not static):
                 kinds.append(_DYNAMIC)
                 dyn.append(x)
                 key.append(_signature(x))
             else:
                 kinds.append("s")
                 statics.append(x)
-                key.append(_static_key(x, i))
+                key.append(_static_key(x, i))  # an iterator: by its type (`_feeds`)
         full = ("jd.function", treedef, tuple(key))
-        build = lambda: _Program(fn, treedef, tuple(kinds), statics, dyn)  # noqa: E731
-        entry, extra = _compile.steps.get(fn, full, build, lambda e: e.staged.inputs(fn))
+        build = lambda: _Program(fn, treedef, tuple(kinds), statics, dyn, call)  # noqa: E731
+        entry, extra = _compile.steps.get(fn, full, build, lambda e: e.inputs(fn, call))
         outs = entry.program(*dyn, *extra)
         entry.staged.write_back(fn, outs)
         return entry.result(fn, outs)
+
+
+_CONCRETE = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerBoolConversionError,
+)
+_STATIC_NUMBERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # code's functions
 
 
 def function(fn: Callable | None = None, **options: Any) -> Any:

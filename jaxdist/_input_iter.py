@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxdist import _compile, _context
+from jaxdist import _compile, _context, _feeds
 from jaxdist._errors import InvalidArgumentError, OutOfRangeError
 from jaxdist._input_place import EMPTY as _EMPTY
 from jaxdist._input_place import INFINITE, UNKNOWN
@@ -74,7 +74,9 @@ NEXT_WHILE_TRACING = (
     "body). The batch would be compiled into the program as a constant: later calls would "
     "reuse it and the iterator would not advance. Read the iterator outside the jitted "
     "function and pass the batch in: `step(next(iterator))` with `step = jax.jit(...)`; for "
-    "several steps per call, pass a list of batches (or stack them) and loop over them inside."
+    "several steps per call, pass a list of batches (or stack them) and loop over them inside. "
+    "Or make the function a jd.function (TF's tf.function), which reads the iterator on "
+    "every call."
 )
 """jaxdist's error for reading a distributed iterator while JAX traces (TF's tf.function
 reads it as a graph op; a JAX trace cannot)."""
@@ -141,7 +143,13 @@ e.g. strategy.run(replica_fn, args=(next(iterator),))
         return self
 
     def __next__(self) -> Any:
+        feed = _feeds.active()
+        if feed is not None and _context.current().mode is not _context.Mode.REPLICA:
+            return feed.next(self, self._read)  # inside a jd.function: fed to its program
         _check_can_read()
+        return self._read()
+
+    def _read(self) -> Any:
         buffer = self._buffer
         # A call reads a bounded number of elements (the first call: the one it returns and
         # up to FIRST_FILL more; later calls: one more than they take), so a large buffer

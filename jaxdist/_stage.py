@@ -129,6 +129,9 @@ def _stored_tracer(fn: Callable, where: str) -> RuntimeError:
     )
 
 
+_NOWHERE = object()  # what `locate_all` looks for in place of a fed array: never found
+
+
 class Staged:
     """``body`` traced once on ``examples``; what it read from ``fn``'s state is an input.
 
@@ -153,6 +156,7 @@ class Staged:
         outputs: Callable[[], list] = list,
         numbers: bool = False,
         writes: bool = False,
+        fed: Callable[[], list] | None = None,
     ) -> None:
         # the Python values read before the trace: a step that changes one (``self.n +=
         # 1``) makes the number an input of the program (`jaxdist._promote`)
@@ -160,6 +164,7 @@ class Staged:
         first = _promote.promoted(fn) if numbers else ()
         before = {id(a): a for a in jax.live_arrays()}  # kept: no id is reused meanwhile
         self._writes = writes
+        self._fed_arrays = fed or list
         closed, numbers_used = self._trace(fn, body, examples, axis_env, first, ())
         counters = _watch.moved_numbers(fn, watched) if numbers else []
         if counters and _promote.remember(fn, counters):  # numbers the step changed
@@ -168,6 +173,13 @@ class Staged:
                     _promote.put(fn, chain, value)
             closed, numbers_used = self._trace(
                 fn, body, examples, axis_env, _promote.promoted(fn), ()
+            )
+        fed_ids = {id(a) for a in self._fed_arrays()}
+        if fed_ids & {id(c) for c in nested_consts(closed.jaxpr)}:
+            raise RuntimeError(
+                f"The jd.function {describe(fn)} read a batch from a distributed iterator and "
+                "a jitted function it calls closed over it (a constant of that function): "
+                "pass the batch to that function as an argument."
             )
         swaps, unfound_nested = self._nested(fn, closed, before)
         if swaps:  # arrays read inside nested jaxprs: traced again with tracers there
@@ -200,15 +212,20 @@ class Staged:
         self.num_inputs = len(chains)
 
     def _lift(self, fn: Callable, closed: Any, outputs: Callable, before: dict, nested: list):
-        """The arrays read from state that are constants of the trace become inputs."""
-        consts = list(closed.consts)
+        """The arrays read from state that are constants of the trace become inputs (and
+        those of ``fed`` elements: inputs given after the state's)."""
+        fed = {id(a): j for j, a in enumerate(self._fed_arrays())}
+        self._n_fed = len(fed)
+        self._fed = [(i, fed[id(c)]) for i, c in enumerate(closed.consts) if id(c) in fed]
+        consts: list[Any] = [None if id(c) in fed else c for c in closed.consts]
         out_consts = [x for x in outputs() if _is_array(x)]
         limits: dict = {}
-        found = _capture.locate_all(fn, consts + out_consts, limits) if consts or out_consts else []
-        chains = [c[0] if c else None for c in found]
+        probe = [_NOWHERE if c is None else c for c in consts] + out_consts
+        found = _capture.locate_all(fn, probe, limits) if len(fed) < len(probe) else []
+        chains = [c[0] if c else None for c in found] or [None] * len(probe)
         if not self._writes:  # (jd.function reads distributed values whole, as TF does)
             _check_not_stacked(fn, chains[: len(consts)], consts)
-        unfound = [c for c, ch in zip(consts, chains) if ch is None]
+        unfound = [c for c, ch in zip(consts, chains) if ch is None and c is not None]
         if limits.get("numpy") or any(isinstance(c, np.ndarray) for c in nested):
             _warn_numpy_copies(fn, unfound + nested)
         if not limits.get("truncated"):  # (`locate_all` has warned then)
@@ -306,10 +323,13 @@ class Staged:
 
     def evaluate(self, *args: Any) -> list:
         """The program: the traced body on ``args``, the numbers, the captured inputs."""
-        k = len(args) - len(self._lifted)
+        k = len(args) - len(self._lifted) - self._n_fed
         consts = list(self._consts)  # the traced inputs first (numbers and swaps among them)
         for (i, *_), v in zip(self._lifted, args[k:]):
             consts[i] = v
+        fed = args[len(args) - self._n_fed :]
+        for i, j in self._fed:
+            consts[i] = fed[j]
         return jaxpr_as_fun(ClosedJaxpr(self._jaxpr, consts))(*args[:k])
 
     def write_back(self, fn: Callable, outs: list) -> None:

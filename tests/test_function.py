@@ -255,3 +255,59 @@ def test_orbits_per_call_train_fn_compiles_once_and_memory_stays_flat():
     assert [float(v) for v in strategy.experimental_local_results(out)[0]] == [4.0] * 3
     assert grown < 50 * 2**20
     assert len(TRACES) <= 2
+
+
+@pytest.mark.parametrize("n", R)
+def test_next_of_an_iterator_argument_reads_a_new_batch_every_call(n):
+    """TF's ``train_step(iterator)`` with ``next(iterator)`` inside the tf.function: each
+    call reads the next batch (fetched on the host, passed in); a partial last batch is one
+    more trace; the end of the data is TF's OutOfRangeError from the call."""
+    strategy = mirrored(n)
+    data = [np.full((8, 2), float(i), np.float32) for i in range(4)]
+    data.append(np.full((5, 2), 10.0, np.float32))
+
+    class Trainer:
+        def __init__(self):
+            self.total = jnp.zeros(())
+
+        @jd.function
+        def train_step(self, iterator):
+            batch = next(iterator)
+            sums = strategy.run(jnp.sum, args=(batch,))
+            self.total = self.total + strategy.reduce("SUM", sums, axis=None)
+
+    t = Trainer()
+    for _ in range(3):
+        iterator = iter(strategy.experimental_distribute_dataset(data))
+        for _ in range(len(data)):
+            t.train_step(iterator)
+        with pytest.raises(jd.errors.OutOfRangeError):
+            t.train_step(iterator)
+    assert float(t.total) == 3 * sum(float(d.sum()) for d in data)
+    assert t.train_step.experimental_get_tracing_count() == 2  # full and partial batches
+
+
+@pytest.mark.parametrize("n", R)
+def test_a_python_loop_of_next_calls_is_that_many_steps_in_one_program(n):
+    strategy = mirrored(n)
+    data = [np.full((8,), float(i), np.float32) for i in range(12)]
+
+    class Trainer:
+        def __init__(self):
+            self.iterator = iter(strategy.experimental_distribute_dataset(data))
+            self.seen = jnp.zeros(())
+
+        @jd.function
+        def train(self, steps):
+            for _ in range(steps):  # a Python int: static, as in tf.function
+                batch = next(self.iterator)
+                self.seen = self.seen + strategy.reduce(
+                    "SUM", strategy.run(jnp.sum, args=(batch,)), axis=None
+                )
+
+    t = Trainer()
+    t.train(4)
+    assert float(t.seen) == 8 * (0 + 1 + 2 + 3)
+    t.train(4)
+    assert float(t.seen) == 8 * sum(range(8))
+    assert t.train.experimental_get_tracing_count() == 1
