@@ -122,7 +122,14 @@ class _Program:
     """One trace of the function: the compiled program and how its outputs are read."""
 
     def __init__(
-        self, fn: Callable, treedef: Any, kinds: tuple, statics: list, dyn: list, call: _Call
+        self,
+        fn: Callable,
+        treedef: Any,
+        kinds: tuple,
+        statics: list,
+        dyn: list,
+        call: _Call,
+        donate: bool,
     ) -> None:
         info: dict = {}
         feed = _feeds.Feed(call.where, call.take)
@@ -147,7 +154,9 @@ class _Program:
         )
         self.feeds = [(s, k, _element_signature(e)) for s, k, e in feed.used]
         self._info = info
-        self.program = jax.jit(self.staged.evaluate)
+        # the arrays of the state it overwrites: their buffers may hold the new values
+        donated = tuple(len(dyn) + i for i in self.staged.overwritten()) if donate else ()
+        self.program = jax.jit(self.staged.evaluate, donate_argnums=donated)
 
     def inputs(self, fn: Callable, call: _Call) -> list | None:
         """The program's inputs after the arguments (None: this trace does not fit)."""
@@ -171,8 +180,9 @@ class Function:
     function it wraps.
     """
 
-    def __init__(self, fn: Callable, name: str | None = None) -> None:
+    def __init__(self, fn: Callable, name: str | None = None, donate_state: bool = False) -> None:
         self.python_function = fn
+        self.donate_state = donate_state
         self.__name__ = name or getattr(fn, "__name__", "function")
         self.__doc__ = getattr(fn, "__doc__", None)
         self.__wrapped__ = fn
@@ -180,7 +190,8 @@ class Function:
     def __get__(self, obj: Any, objtype: Any = None) -> Function:
         if obj is None:
             return self
-        return Function(types.MethodType(self.python_function, obj), self.__name__)
+        method = types.MethodType(self.python_function, obj)
+        return Function(method, self.__name__, self.donate_state)
 
     def __repr__(self) -> str:
         return f"<jd.function {describe(self.python_function)}>"
@@ -223,8 +234,9 @@ class Function:
                 kinds.append("s")
                 statics.append(x)
                 key.append(_static_key(x, i))  # an iterator: by its type (`_feeds`)
-        full = ("jd.function", treedef, tuple(key))
-        build = lambda: _Program(fn, treedef, tuple(kinds), statics, dyn, call)  # noqa: E731
+        full = ("jd.function", treedef, tuple(key), self.donate_state)
+        how = (tuple(kinds), statics, dyn, call, self.donate_state)
+        build = lambda: _Program(fn, treedef, *how)  # noqa: E731
         entry, extra = _compile.steps.get(fn, full, build, lambda e: e.inputs(fn, call))
         outs = entry.program(*dyn, *extra)
         entry.staged.write_back(fn, outs)
@@ -239,26 +251,40 @@ _CONCRETE = (
 _STATIC_NUMBERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # code's functions
 
 
-def function(fn: Callable | None = None, **options: Any) -> Any:
+def function(
+    fn: Callable | None = None,
+    *,
+    donate_state: bool = False,
+    jit_compile: bool | None = None,
+    autograph: bool = True,
+    reduce_retracing: bool = False,
+) -> Any:
     """TF's ``tf.function``: ``fn`` compiled whole, its state read and written as TF does.
 
     Use it as a decorator (on functions and methods) or call it on a function. The
     function may call ``strategy.run``, ``strategy.reduce`` and any JAX code; the
     arrays and Python numbers it reads from ``self``, its closure or globals are read
     afresh on every call, and what it assigns there is written back after the call.
+    ``next(iterator)`` of a distributed iterator inside it reads a new element on every
+    call. Arrays and Python numbers in its arguments are traced (a number it needs the
+    value of, ``range(steps)``, makes them static, as in TF); other Python values are
+    static.
 
     Args:
         fn: the function (or method) to compile.
-        **options: TF's ``tf.function`` options. ``jit_compile``, ``autograph`` and
-            ``reduce_retracing`` are accepted (XLA always compiles the function;
-            Python control flow runs at trace time, as with ``autograph=False``);
-            others are a `TypeError`.
+        donate_state: donate the buffers of the arrays it overwrites in its state
+            (``self.params = new``) to the program (``jax.jit``'s ``donate_argnums``):
+            their memory holds the new values; the old arrays are deleted after a call.
+        jit_compile: TF's option; XLA always compiles the function (accepted, no effect).
+        autograph: TF's option; Python control flow always runs at trace time, as with
+            ``autograph=False`` (accepted, no effect).
+        reduce_retracing: TF's option (accepted, no effect): shapes are not generalized.
 
     Returns:
         A `Function` (or a decorator making one when ``fn`` is None).
 
     Raises:
-        TypeError: ``fn`` is not callable, or an unknown option was given.
+        TypeError: ``fn`` is not callable, or ``donate_state`` is not a bool.
 
     >>> import jax.numpy as jnp, jaxdist as jd
     >>> strategy = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -278,19 +304,11 @@ def function(fn: Callable | None = None, **options: Any) -> Any:
     >>> float(t.w)
     3.0
     """
-    unknown = set(options) - _TF_OPTIONS
-    if unknown:
-        raise TypeError(
-            f"jd.function got unknown option(s) {sorted(unknown)}; it accepts TF's "
-            f"{sorted(_TF_OPTIONS)}."
-        )
+    if type(donate_state) is not bool:
+        raise TypeError(f"jd.function(donate_state=...) takes a bool; got {donate_state!r}.")
+    del jit_compile, autograph, reduce_retracing
     if fn is None:
-        return functools.partial(function, **options)
+        return functools.partial(function, donate_state=donate_state)
     if not callable(fn):
         raise TypeError(f"jd.function(fn) takes a function or method; got {type(fn).__name__}.")
-    return functools.wraps(fn, updated=())(Function(fn))
-
-
-_TF_OPTIONS = frozenset(
-    ("jit_compile", "autograph", "reduce_retracing", "experimental_relax_shapes")
-)
+    return functools.wraps(fn, updated=())(Function(fn, donate_state=donate_state))

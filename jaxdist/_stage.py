@@ -332,6 +332,17 @@ class Staged:
             consts[i] = fed[j]
         return jaxpr_as_fun(ClosedJaxpr(self._jaxpr, consts))(*args[:k])
 
+    def overwritten(self) -> list[int]:
+        """The indices, among the inputs after the step's arguments, of the arrays read
+        from places the function assigns (``self.params`` of ``self.params = new``)."""
+        places = [chain for chain, _, _ in self._assigned]
+        chains = [*self._numbers, *(c for c, *_ in self._swaps), *(c for _, c, *_ in self._lifted)]
+        return [
+            i
+            for i, chain in enumerate(chains)
+            if i >= len(self._numbers) and any(chain[: len(p)] == p for p in places)
+        ]
+
     def write_back(self, fn: Callable, outs: list) -> None:
         """Stores what the step wrote in its state: the Python numbers it changed, and
         (``writes``) the values it assigned (outputs after its own, in that order)."""

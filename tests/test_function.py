@@ -311,3 +311,33 @@ def test_a_python_loop_of_next_calls_is_that_many_steps_in_one_program(n):
     t.train(4)
     assert float(t.seen) == 8 * sum(range(8))
     assert t.train.experimental_get_tracing_count() == 1
+
+
+@pytest.mark.parametrize("n", R)
+def test_donated_state_trains_alike_and_frees_the_old_arrays(n):
+    strategy, batches = mirrored(n), _data()
+
+    class Donating(Trainer):
+        @jd.function(donate_state=True)
+        def train_step(self, x, y):
+            grads = self.strategy.run(self.replica_grads, args=(x, y))
+            grads = self.strategy.reduce("SUM", grads, axis=None)
+            self.params = jax.tree.map(lambda p, g: p - self.lr * g, self.params, grads)
+
+    plain, donating = Trainer(strategy), Donating(strategy)
+    donating.params = jax.tree.map(jnp.copy, plain.params)
+    for x, y in strategy.experimental_distribute_dataset(batches * 2):
+        old = donating.params["w"]
+        plain.train_step(x, y)
+        donating.train_step(x, y)
+        assert old.is_deleted()
+        np.testing.assert_array_equal(np.asarray(donating.params["w"]), plain.params["w"])
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(TypeError, match="donate_state"):
+        jd.function(lambda: 0, donate_state="yes")
+    with pytest.raises(TypeError, match="function or method; got int"):
+        jd.function(3)
+    with pytest.raises(TypeError, match="leaf 0 is an unhashable set"):
+        jd.function(lambda x: x)({1, 2})
