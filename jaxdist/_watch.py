@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -158,12 +158,9 @@ def _tree_def(value: Any) -> Any:
     """The structure of a registered pytree node (None for a leaf): a value written back
     as a new object of the same structure (``self.params`` after an update) is the same
     to a trace; its arrays are inputs."""
-    if (
-        isinstance(value, (jax.Array, np.ndarray, *WATCHED_SCALARS))
-        or callable(value)
-        and (isinstance(value, (types.FunctionType, types.BuiltinFunctionType)))
-    ):
-        return None
+    leaf = (jax.Array, np.ndarray, Iterator, types.FunctionType, types.BuiltinFunctionType)
+    if isinstance(value, (*leaf, *WATCHED_SCALARS)):
+        return None  # (generators and iterators are leaves: JAX warns on them)
     try:
         kids, treedef = jax.tree_util.tree_flatten(value, is_leaf=lambda x: x is not value)
     except Exception:  # noqa: BLE001 - a node whose flatten fails is compared otherwise
