@@ -239,17 +239,23 @@ def test_captured_state_does_not_keep_the_object_alive(strategy):
     assert ref() is None
 
 
-def test_inside_jax_jit_closures_are_constants_as_in_jax(strategy):
-    """JAX's rule inside the user's own jax.jit: what the trace read is baked in."""
+def test_inside_jax_jit_closures_are_constants_as_in_jax_and_named(strategy):
+    """JAX's rule inside the user's own jax.jit: what the trace read is baked in, and the
+    trace says so, naming it and the fix (jd.function); jd.function reads it afresh."""
     box = {"w": jnp.float32(1.0)}
 
     @jax.jit
     def f():
         return strategy.run(lambda: box["w"] * 1.0)
 
-    assert first(strategy, f()) == 1.0
+    with pytest.warns(RuntimeWarning, match=r"box\['w'\].*@jd\.function"):
+        assert first(strategy, f()) == 1.0
     box["w"] = jnp.float32(2.0)
     assert first(strategy, f()) == 1.0  # jax.jit's cache: documented in docs/guides/state.md
+    g = jd.function(lambda: strategy.run(lambda: box["w"] * 1.0))
+    assert first(strategy, g()) == 2.0
+    box["w"] = jnp.float32(3.0)
+    assert first(strategy, g()) == 3.0
 
 
 def test_unchanged_captured_array_is_not_copied_again(strategy):
