@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxdist import _capture, _context, _watch
 from jaxdist._jax_internals import nested_consts
@@ -23,11 +24,32 @@ from jaxdist._layout import is_tracer
 from jaxdist._validate import describe
 
 
+def check_not_stacked(fn: Callable, chains: list, consts: list) -> None:
+    """Raises where the step read a distributed value's stacked array (all replicas'
+    components: ``jax.tree`` over a `PerReplica` kept on ``self``) as its own."""
+    for chain, const in zip(chains, consts):
+        if chain is None:
+            continue
+        for k, (kind, _) in enumerate(chain):
+            if kind == "stacked":
+                where = _watch.describe(fn, chain[:k])
+                raise RuntimeError(
+                    f"The step {describe(fn)} read {where}, a distributed value (one component "
+                    f"per replica), as the array of all its components (shape "
+                    f"{tuple(np.shape(const))}): a step sees only its own replica's component. "
+                    f"Pass it to strategy.run as an argument (strategy.run(step, args=({where}, "
+                    "...))), which gives each replica its component, or store a value that is "
+                    "the same on every replica (strategy.reduce) on the object."
+                )
+
+
 def warn_frozen(fn: Callable, body: Callable, examples: Sequence[Any], axis_env: list) -> None:
     """Warns naming the arrays of ``fn``'s state that ``body`` (traced inside a user's
-    compile) reads: each is a constant of that compile."""
-    if _context.in_function() or getattr(fn, "__module__", "").startswith("jaxdist."):
-        return  # jd.function reads its state afresh; jaxdist's own steps pass theirs
+    compile) reads: each is a constant of that compile (in ``jd.function``'s trace, an
+    input it reads afresh: no warning). Raises where the step reads a distributed value
+    of its state as the array of all its components, as an eager step does."""
+    if getattr(fn, "__module__", "").startswith("jaxdist."):
+        return  # jaxdist's own steps pass their state as arguments
     try:
         closed = jax.make_jaxpr(body, axis_env=axis_env)(*examples)
     except Exception:  # noqa: BLE001 - the real call reports the step's own errors
@@ -39,8 +61,10 @@ def warn_frozen(fn: Callable, body: Callable, examples: Sequence[Any], axis_env:
     ]
     if not consts:
         return
-    found = [c for c in _capture.locate(fn, consts) if c is not None]
-    if not found:
+    chains = _capture.locate(fn, consts)
+    check_not_stacked(fn, chains, consts)
+    found = [c for c in chains if c is not None]
+    if not found or _context.in_function():
         return
     names = ", ".join(_watch.describe(fn, c) for c in found[:4])
     more = f" and {len(found) - 4} more" if len(found) > 4 else ""

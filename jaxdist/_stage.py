@@ -29,6 +29,7 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
 from jaxdist import _assign, _capture, _jax_internals, _promote, _watch
+from jaxdist._frozen import check_not_stacked
 from jaxdist._jax_internals import nested_consts
 from jaxdist._layout import is_tracer
 from jaxdist._validate import describe
@@ -49,25 +50,6 @@ def example(x: Any, mapped: bool) -> Any:
 
 def _is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray)) and not is_tracer(x)
-
-
-def _check_not_stacked(fn: Callable, chains: list, consts: list) -> None:
-    """Raises where the step read a distributed value's stacked array (all replicas'
-    components: ``jax.tree`` over a `PerReplica` kept on ``self``) as its own."""
-    for chain, const in zip(chains, consts):
-        if chain is None:
-            continue
-        for k, (kind, _) in enumerate(chain):
-            if kind == "stacked":
-                where = _watch.describe(fn, chain[:k])
-                raise RuntimeError(
-                    f"The step {describe(fn)} read {where}, a distributed value (one component "
-                    f"per replica), as the array of all its components (shape "
-                    f"{tuple(np.shape(const))}): a step sees only its own replica's component. "
-                    f"Pass it to strategy.run as an argument (strategy.run(step, args=({where}, "
-                    "...))), which gives each replica its component, or store a value that is "
-                    "the same on every replica (strategy.reduce) on the object."
-                )
 
 
 def captured_ids(fn: Callable, strict: bool = False) -> tuple:
@@ -224,7 +206,7 @@ class Staged:
         found = _capture.locate_all(fn, probe, limits) if len(fed) < len(probe) else []
         chains = [c[0] if c else None for c in found] or [None] * len(probe)
         if not self._writes:  # (jd.function reads distributed values whole, as TF does)
-            _check_not_stacked(fn, chains[: len(consts)], consts)
+            check_not_stacked(fn, chains[: len(consts)], consts)
         unfound = [c for c, ch in zip(consts, chains) if ch is None and c is not None]
         if limits.get("numpy") or any(isinstance(c, np.ndarray) for c in nested):
             _warn_numpy_copies(fn, unfound + nested)

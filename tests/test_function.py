@@ -341,3 +341,33 @@ def test_bad_arguments_are_named():
         jd.function(3)
     with pytest.raises(TypeError, match="leaf 0 is an unhashable set"):
         jd.function(lambda x: x)({1, 2})
+
+
+@pytest.mark.parametrize("n", (2, 8))
+def test_a_step_reading_a_distributed_value_of_its_state_whole_is_named(n):
+    """As eagerly: a `PerReplica` on ``self`` read inside the step (not passed to it) would
+    give each replica every component; an error names it and the fix."""
+    strategy = mirrored(n)
+
+    class Trainer:
+        def __init__(self):
+            self.x = strategy.experimental_distribute_values_from_function(
+                lambda c: jnp.full(2, float(c.replica_id_in_sync_group))
+            )
+
+        def step(self):
+            return jax.tree.map(lambda a: a * 2, self.x)
+
+        @jd.function
+        def call(self):
+            return strategy.run(self.step)
+
+        @jd.function
+        def passed(self):
+            return strategy.run(lambda x: x * 2, args=(self.x,))  # the way: an argument
+
+    t = Trainer()
+    with pytest.raises(RuntimeError, match=r"read self\.x, a distributed value"):
+        t.call()
+    out = strategy.experimental_local_results(t.passed())
+    assert [float(v[0]) for v in out] == [2.0 * r for r in range(n)]
