@@ -57,16 +57,22 @@ def warn_frozen(fn: Callable, body: Callable, examples: Sequence[Any], axis_env:
     consts = [
         c
         for c in [*closed.consts, *nested_consts(closed.jaxpr)]
-        if isinstance(c, jax.Array) and not is_tracer(c)
+        if (isinstance(c, jax.Array) and not is_tracer(c))
+        or (isinstance(c, np.ndarray) and c.dtype != object)
     ]
-    if not consts:
-        return
-    chains = _capture.locate(fn, consts)
+    chains = _capture.locate(fn, consts) if consts else []
     check_not_stacked(fn, chains, consts)
-    found = [c for c in chains if c is not None]
-    if not found or _context.in_function():
+    if _context.in_function():
         return
-    names = ", ".join(_watch.describe(fn, c) for c in found[:4])
+    found = [_watch.describe(fn, c) for c in chains if c is not None]
+    found += [  # Python numbers of the state: baked in as well
+        _watch.describe(fn, chain)
+        for chain, value, how in _watch.watch(fn)
+        if how == "value" and type(value) in (int, float)
+    ]
+    if not found:
+        return
+    names = ", ".join(found[:4])
     more = f" and {len(found) - 4} more" if len(found) > 4 else ""
     warnings.warn(
         f"strategy.run({describe(fn)}) is traced inside your own jax.jit (or lax loop): "

@@ -371,3 +371,40 @@ def test_a_step_reading_a_distributed_value_of_its_state_whole_is_named(n):
         t.call()
     out = strategy.experimental_local_results(t.passed())
     assert [float(v[0]) for v in out] == [2.0 * r for r in range(n)]
+
+
+@pytest.mark.parametrize("n", (1, 2, 8))
+def test_under_plain_jax_jit_every_state_route_is_current_or_named(n):
+    """The routes of tests/test_state_routes.py under a user's own jax.jit: a change after
+    the first call is either seen or was named by a warning at the trace: never silent."""
+    import warnings
+
+    from test_state_routes import CONTAINERS, NUMBER_ROUTES, T
+
+    strategy = mirrored(n)
+    x = strategy.experimental_distribute_values_from_function(lambda c: jnp.ones(8 // n))
+
+    def total(v):
+        return jd.get_replica_context().all_reduce("SUM", jnp.sum(v))
+
+    def check(step, change):
+        f = jax.jit(lambda v: strategy.run(step, args=(v,)))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            before = float(strategy.experimental_local_results(f(x))[0])
+        change()
+        after = float(strategy.experimental_local_results(f(x))[0])
+        named = [w for w in caught if "@jd.function" in str(w.message)]
+        assert named or after != before, (before, after)
+
+    for route, read in NUMBER_ROUTES.items():
+        t = T()
+        check(lambda v, t=t, read=read: read(t) * total(v), lambda t=t: setattr(t, "lr", 3.0))
+    for kind, (make, read) in CONTAINERS.items():
+        if kind == "weakref":
+            continue
+        state = {"c": make(jnp.zeros(()))}
+        check(
+            lambda v, state=state, read=read: read(state["c"]) + total(v),
+            lambda state=state, make=make: state.__setitem__("c", make(jnp.ones(()))),
+        )
