@@ -267,7 +267,12 @@ class Staged:
             with _promote.Swapped(fn, numbers, args[k : k + len(numbers)]) as swap:
                 with _assign.Swapped(fn, chains, list(mine)) as arrays:
                     before = _assign.snapshot(fn) if self._writes else {}
-                    outs = list(body(*args[:k]))
+                    try:
+                        outs = list(body(*args[:k]))
+                    except BaseException:
+                        if self._writes:  # what it assigned before failing is put back
+                            self._take_assigned(fn, before, set(numbers))
+                        raise
                     arrays.check_written()
                     if not self._writes and arrays.written:
                         where = _watch.describe(fn, chains[arrays.written[0][0]])

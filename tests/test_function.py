@@ -408,3 +408,23 @@ def test_under_plain_jax_jit_every_state_route_is_current_or_named(n):
             lambda v, state=state, read=read: read(state["c"]) + total(v),
             lambda state=state, make=make: state.__setitem__("c", make(jnp.ones(()))),
         )
+
+
+def test_a_function_that_fails_while_traced_leaves_its_state_as_it_was():
+    strategy = mirrored(2)
+
+    class Trainer:
+        def __init__(self):
+            self.w = jnp.ones(())
+
+        @jd.function
+        def broken(self):
+            self.w = self.w + 1.0
+            raise ValueError("user error after an assignment")
+
+    t = Trainer()
+    w = t.w
+    with pytest.raises(ValueError, match="user error"):
+        t.broken()
+    assert t.w is w  # no tracer left on the object
+    del strategy
