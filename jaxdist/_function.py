@@ -83,7 +83,12 @@ class _Call:
         """An iterator's place: an argument's leaf, or a chain in the function's state."""
         for i, leaf in enumerate(self._leaves):
             if leaf is iterator:
-                return ("arg", i)
+                return ("arg", i, ())
+        for i, leaf in enumerate(self._leaves):  # held by an argument (TF1's DatasetIterator)
+            if isinstance(leaf, _ITERATORS):
+                inner = _capture.locate(leaf, [iterator])[0]
+                if inner is not None:
+                    return ("arg", i, inner)
         chain = _capture.locate(self._fn, [iterator])[0]
         if chain is None:
             raise RuntimeError(
@@ -91,14 +96,15 @@ class _Call:
                 "neither one of its arguments nor in its state (its object, closure or "
                 "globals), so later calls could not read it again: pass it as an argument."
             )
-        return ("chain", chain)
+        return ("chain", chain, ())
 
     def take(self, source: Hashable, k: int, read: Callable | None = None) -> Any:
         """The ``k``-th element of ``source`` in this call (read now if not yet)."""
         key = (source, k)
         if key not in self._got:
-            kind, at = cast(tuple, source)
+            kind, at, inner = cast(tuple, source)
             iterator = self._leaves[at] if kind == "arg" else _capture.fetch(self._fn, at)
+            iterator = _capture.fetch(iterator, inner)
             if read is None:
                 self._got[key] = next(iterator)
             else:  # inside the trace: the batch is read and placed as eagerly, not traced

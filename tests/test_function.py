@@ -428,3 +428,25 @@ def test_a_function_that_fails_while_traced_leaves_its_state_as_it_was():
         t.broken()
     assert t.w is w  # no tracer left on the object
     del strategy
+
+
+@pytest.mark.parametrize("n", R)
+def test_tf1_experimental_run_and_get_next_inside_a_jd_function(n):
+    strategy = mirrored(n)
+    data = [np.arange(8.0) + 8 * i for i in range(3)]
+    totals = [float(d.sum()) for d in data]
+    iterator = strategy.make_dataset_iterator(data)
+
+    @jd.function
+    def tf1_step(it):
+        return strategy.reduce("SUM", strategy.experimental_run(jnp.sum, it), axis=None)
+
+    with pytest.warns(DeprecationWarning):
+        assert [float(tf1_step(iterator)) for _ in data] == totals
+    it = iter(strategy.experimental_distribute_dataset(data))
+
+    @jd.function
+    def tf2_step(it):
+        return strategy.reduce("SUM", strategy.run(jnp.sum, args=(it.get_next(),)), axis=None)
+
+    assert [float(tf2_step(it)) for _ in data] == totals
