@@ -86,7 +86,7 @@ class _Call:
                 return ("arg", i, ())
         for i, leaf in enumerate(self._leaves):  # held by an argument (TF1's DatasetIterator)
             if isinstance(leaf, _ITERATORS):
-                inner = _capture.locate(leaf, [iterator])[0]
+                inner = _capture.locate(cast(Callable, leaf), [iterator])[0]
                 if inner is not None:
                     return ("arg", i, inner)
         chain = _capture.locate(self._fn, [iterator])[0]

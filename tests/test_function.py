@@ -397,7 +397,7 @@ def test_under_plain_jax_jit_every_state_route_is_current_or_named(n):
         named = [w for w in caught if "@jd.function" in str(w.message)]
         assert named or after != before, (before, after)
 
-    for route, read in NUMBER_ROUTES.items():
+    for read in NUMBER_ROUTES.values():
         t = T()
         check(lambda v, t=t, read=read: read(t) * total(v), lambda t=t: setattr(t, "lr", 3.0))
     for kind, (make, read) in CONTAINERS.items():
