@@ -126,6 +126,15 @@ def _old(parent: Any, kind: str, key: Any) -> Any:
 def replace(fn: Callable, chain: Chain, value: Any) -> list[tuple[Chain, Any]]:
     """Puts ``value`` at the end of ``chain`` from ``fn``; returns what `restore` needs to
     put back the objects that were there (raises `NotAPlace` where nothing can be written).
+
+    >>> state = {"opt": (1.0, 2.0)}                     # a tuple: rebuilt, not mutated
+    >>> step = lambda: state["opt"][1]
+    >>> chain = (("global", "state"), ("item", "opt"), ("item", 1))
+    >>> undo = replace(step, chain, 5.0)
+    >>> state["opt"]
+    (1.0, 5.0)
+    >>> restore(step, undo); state["opt"]
+    (1.0, 2.0)
     """
     while chain:
         kind, key = chain[-1]

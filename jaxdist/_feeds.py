@@ -25,6 +25,16 @@ class Feed:
         where: the place of an iterator (a hashable source), raising if it has none.
         take: ``take(source, k, read)``: the ``k``-th element of that source for the
             call being traced (``read()`` reads the iterator itself).
+
+    >>> fetched = {}
+    >>> feed = Feed(lambda it: "arg 0", lambda s, k, read: fetched.setdefault((s, k), read()))
+    >>> it = iter([10, 20, 30])
+    >>> with feeding(feed):
+    ...     first = [active().next(it, lambda: next(it)) for _ in range(2)]
+    >>> first, [(s, k) for s, k, _ in feed.used]
+    ([10, 20], [('arg 0', 0), ('arg 0', 1)])
+    >>> feed.restart(); feed.next(it, lambda: next(it))   # a new trace: the same element
+    10
     """
 
     def __init__(

@@ -11,6 +11,7 @@ afresh and writes back what it assigns) or passing the state as an argument.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,13 +44,27 @@ def check_not_stacked(fn: Callable, chains: list, consts: list) -> None:
                 )
 
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
 def warn_frozen(fn: Callable, body: Callable, examples: Sequence[Any], axis_env: list) -> None:
     """Warns naming the arrays of ``fn``'s state that ``body`` (traced inside a user's
     compile) reads: each is a constant of that compile (in ``jd.function``'s trace, an
     input it reads afresh: no warning). Raises where the step reads a distributed value
-    of its state as the array of all its components, as an eager step does."""
-    if getattr(fn, "__module__", "").startswith("jaxdist."):
-        return  # jaxdist's own steps pass their state as arguments
+    of its state as the array of all its components, as an eager step does.
+
+    >>> import warnings, jax, jax.numpy as jnp, jaxdist as jd
+    >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    >>> box = {"w": jnp.ones(())}
+    >>> with warnings.catch_warnings(record=True) as seen:
+    ...     warnings.simplefilter("always")
+    ...     _ = jax.jit(lambda: s.run(lambda: box["w"] * 2))()
+    >>> [str(w.message)[:40] for w in seen if "box['w']" in str(w.message)]
+    ['strategy.run(<lambda>) is traced inside ']
+    """
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    if code is not None and code.co_filename.startswith(_HERE):
+        return  # jaxdist's own steps (Keras') pass their state as arguments
     try:
         closed = jax.make_jaxpr(body, axis_env=axis_env)(*examples)
     except Exception:  # noqa: BLE001 - the real call reports the step's own errors
