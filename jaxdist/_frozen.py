@@ -12,6 +12,7 @@ afresh and writes back what it assigns) or passing the state as an argument.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,7 +45,8 @@ def check_not_stacked(fn: Callable, chains: list, consts: list) -> None:
                 )
 
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+# the package's folder, wherever in it this module is
+_HERE = os.path.dirname(os.path.abspath(sys.modules[__name__.partition(".")[0]].__file__ or ""))
 
 
 def warn_frozen(fn: Callable, body: Callable, examples: Sequence[Any], axis_env: list) -> None:
