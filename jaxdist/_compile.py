@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdist import _inflight, _jax_internals
+from jaxdist import _inflight, _jax_internals, _watch
 from jaxdist._devices import AXIS, Replicas
 from jaxdist._jax_internals import trace_state_clean
 from jaxdist._layout import globalize
@@ -256,6 +256,7 @@ class StepCache:
             variants = table.setdefault((sub, key), [])
             # a step of an object that cannot be weakly referenced (``__slots__``) is
             # only here, and another thread may have built this one meanwhile
+            _watch.note_decline("")
             found = self._find(variants, inputs)
             if found is not None:
                 return found
@@ -273,7 +274,7 @@ class StepCache:
             else:
                 counts = (self._count(table, sub),)
             if WARN_AT in counts:
-                _warn_retrace(fn)
+                _warn_retrace(fn, _watch.last_decline())
             return entry, extra
 
     @staticmethod
@@ -309,13 +310,15 @@ def _weakrefable(x: Any) -> bool:
         return False
 
 
-def _warn_retrace(fn: Callable) -> None:
+def _warn_retrace(fn: Callable, reason: str) -> None:
+    why = f" This trace was made because {reason}." if reason else ""
     warnings.warn(
         f"strategy.run has compiled {describe(fn)!r} {WARN_AT} times. Each new argument "
         "structure, shape or dtype, and each new non-numeric Python value (bool, str, None...) "
         "in args compiles a new step; Python numbers are traced. So does a new value of a "
         "Python number, string or function the step reads from its closure, globals or "
-        "object. Keep argument shapes fixed; pass changing numbers as arguments.",
+        "object. Keep argument shapes fixed; pass changing numbers as arguments."
+        + why,
         stacklevel=5,
     )
 

@@ -20,6 +20,7 @@ NumPy array computed from NumPy state a warning.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,7 +29,7 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
-from jaxdist import _capture, _promote, _watch
+from jaxdist import _capture, _hostnum, _promote, _watch
 from jaxdist._layout import is_tracer
 from jaxdist._validate import describe
 
@@ -213,9 +214,18 @@ class Staged:
         self._fresh = True
         self.num_inputs = len(self._numbers) + len(self._lifted)
 
-    def _trace(self, fn: Callable, body: Callable, examples: Sequence, axis_env: Any, numbers):
+    def _trace(
+        self,
+        fn: Callable,
+        body: Callable,
+        examples: Sequence,
+        axis_env: Any,
+        numbers,
+        fallback: bool = True,
+    ):
         """``body`` traced with the numbers at ``numbers`` as inputs after ``examples``
-        (none where the step needs their values); the trace and the numbers used."""
+        (those whose values the step needs static, unless not ``fallback``: then it
+        raises); the trace and the numbers used."""
         self._written: list = []
 
         def traced(*args: Any) -> list:
@@ -229,11 +239,27 @@ class Staged:
         make = jax.make_jaxpr(traced, axis_env=axis_env or [])
         if not numbers:
             return make(*examples), ()
+        if not fallback:
+            return make(*examples, *specs), tuple(numbers)
         try:
             return make(*examples, *specs), tuple(numbers)
         except Exception:  # noqa: BLE001 - the step needs a number's value: keep it static
-            _promote.make_static(fn, numbers)
-            return self._trace(fn, body, examples, axis_env, ())
+            return self._trace_static(fn, body, examples, axis_env, numbers)
+
+    def _trace_static(self, fn: Callable, body: Callable, examples: Sequence, axis_env, numbers):
+        """The trace where the step needs some numbers' values (``range(self.n)``): the
+        first number whose value alone makes the trace work stays static, the others
+        inputs; all static where no single one does (or the step fails anyway)."""
+        for chain in numbers if len(numbers) > 1 else ():
+            rest = tuple(c for c in numbers if c != chain)
+            try:
+                found = self._trace(fn, body, examples, axis_env, rest, fallback=False)
+            except Exception:  # noqa: BLE001 - not this one alone
+                continue
+            _promote.make_static(fn, [chain])
+            return found
+        _promote.make_static(fn, numbers)
+        return self._trace(fn, body, examples, axis_env, ())
 
     def evaluate(self, *args: Any) -> list:
         """The program: the traced body on ``args``, the numbers, the captured inputs."""
@@ -244,47 +270,114 @@ class Staged:
         return jaxpr_as_fun(ClosedJaxpr(self._jaxpr, consts))(*args[:k])
 
     def write_back(self, fn: Callable, outs: list) -> None:
-        """Stores the numbers the step wrote in its state (outputs after its own)."""
-        if self._written:
+        """Stores the numbers the step wrote in its state that were computed on the
+        device (outputs after its own); those computed on the host (`jaxdist._hostnum`)
+        were stored by `inputs`, and nothing waits for the device for them."""
+        pending = [j for j in range(len(self._written)) if j not in self._plan.host]
+        if pending:
             tail = outs[len(outs) - len(self._written) :]
-            _promote.write_back(fn, self._numbers, self._written, tail)
+            written = [self._written[j] for j in pending]
+            _promote.write_back(fn, self._numbers, written, [tail[j] for j in pending])
+
+    @functools.cached_property
+    def _plan(self) -> _hostnum.HostPlan:
+        first = len(self._jaxpr.invars) - len(self._numbers)
+        return _hostnum.plan(self._jaxpr, first, range(len(self._written)))
 
     def inputs(self, fn: Callable, place: Callable[[Any], Any] | None = None) -> list | None:
         """The captured arrays now, or None when ``fn``'s state no longer fits this trace
-        (a watched number changed, an array changed shape or dtype, or moved).
+        (a watched number changed, an array changed shape or dtype, or moved); `reason`
+        then says which check failed, naming the value.
 
         ``place`` puts a JAX array where the program reads it; the placed copy is kept
         while the state holds the same array (JAX arrays are immutable), so unchanged
         state is not copied again on every call. NumPy arrays are placed every call
-        (they can change in place).
+        (they can change in place). The numbers the step writes that the host computes
+        (`jaxdist._hostnum`) are stored here, in the same critical section as the read
+        of the numbers they are computed from (two threads counting lose no count).
         """
         fresh, self._fresh = self._fresh, False  # the call that traced it ran the step
+        with _promote.LOCK:
+            out, self.reason = self._current(fn, fresh)
+            if out is None:
+                _watch.note_decline(self.reason)
+                return None
+            p = len(self._numbers)
+            if place is not None:
+                out[p:] = [self._place(k, v, place) for k, v in enumerate(out[p:])]
+        return out
+
+    def _current(self, fn: Callable, fresh: bool) -> tuple[list | None, str]:
+        """The values read now, or None and why they do not fit this trace."""
         if captured_ids(fn, self._strict) != self._captured:
-            return None
+            return None, "it captures other objects (a closure cell or default argument)"
         if self._watched and not fresh and self._checker.changed(fn):
             if self._promote:
                 _promote.remember(fn, _watch.moved_numbers(fn, self._watched))
-            return None
+            return None, _watch.what_changed(fn, self._watched)
         try:
             out = self._fetcher.values(fn)
-        except _capture.Gone:
-            return None
+        except _capture.Gone as e:
+            return None, f"a value it read is no longer there ({e})"
         p = len(self._numbers)
-        if any(type(n) is not kind for n, kind in zip(out, self._types)):
-            return None
-        for v, (_, _, shape, dtype) in zip(out[p:], self._lifted):
+        for n, kind, chain in zip(out, self._types, self._numbers):
+            if type(n) is not kind:
+                where = _watch.describe(fn, chain)
+                return None, f"{where} is now a {type(n).__name__}, not a {kind.__name__}"
+        for v, (_, chain, shape, dtype) in zip(out[p:], self._lifted):
             if not _is_array(v) or v.shape != shape or v.dtype != dtype:
-                return None
-        if self._aliases and not self._same_aliases(fn, out[len(self._numbers) :]):
-            return None
-        if place is not None:
-            out[p:] = [self._place(k, v, place) for k, v in enumerate(out[p:])]
+                now = f"{v.dtype}{list(v.shape)}" if _is_array(v) else type(v).__name__
+                return None, (
+                    f"{_watch.describe(fn, chain)} is now {now}, not {dtype}{list(shape)}"
+                )
+        if self._aliases and not self._same_aliases(fn, out[p:]):
+            return None, "two names that held one array when it was traced now hold two"
         for chain in self._outs.values():
             try:
                 _capture.fetch(fn, chain)
             except _capture.Gone:
-                return None
-        return out
+                return None, f"{_watch.describe(fn, chain)}, which it returns, is gone"
+        if self._numbers:
+            wide = self._store_numbers(fn, out)
+            if wide:
+                return None, wide
+        return out, ""
+
+    def _store_numbers(self, fn: Callable, out: list) -> str:
+        """Stores the written numbers the host computes (Python's arithmetic, from the
+        numbers in ``out``); numbers only the host reads go to the device as zeros. An
+        integer the device computes with that is past int32 (where it would wrap) makes
+        the step's integers part of its trace instead, with a warning: why, or ""."""
+        values, wide = self._plan.run(out[: len(self._numbers)])
+        if wide:
+            return self._too_wide(fn, out)
+        for j, value in zip(self._plan.host, values):
+            _promote.put(fn, self._numbers[self._written[j][0]], value)
+        for i in range(len(self._numbers)):
+            if i not in self._plan.device:
+                out[i] = type(out[i])(0)
+        return ""
+
+    def _too_wide(self, fn: Callable, out: list) -> str:
+        if self._wide:  # warned once: this trace is not used again
+            return self._wide
+        ints = [i for i in sorted(self._plan.device) if type(out[i]) is int]
+        chains = [self._numbers[i] for i in ints]
+        _promote.make_static(fn, chains)
+        what = ", ".join(f"{_watch.describe(fn, c)} = {out[i]}" for i, c in zip(ints, chains))
+        warnings.warn(
+            f"The step {describe(fn)} computes on the device with an integer past int32 "
+            f"(JAX without x64), from {what}: the device would wrap it, so these are part "
+            "of the trace from now on (each new value traces again; JAX refuses a Python "
+            "int past int32 in an array operation). Pass it to strategy.run as an argument "
+            "if it changes on every call, or compute with it in Python.",
+            RuntimeWarning,
+            stacklevel=6,
+        )
+        self._wide = f"{what} computes past int32 on the device"
+        return self._wide
+
+    _wide = ""
 
     def _same_aliases(self, fn: Callable, values: list) -> bool:
         for k, chain in self._aliases:

@@ -10,6 +10,7 @@ The walk from the step function to its state is `jaxdist._capture`'s.
 from __future__ import annotations
 
 import functools
+import threading
 import types
 import warnings
 from collections.abc import Callable
@@ -212,6 +213,47 @@ def _differs(now: Any, value: Any, how: str) -> bool:
     if now is value:
         return False
     return how == "ident" or type(now) is not type(value) or not _equal(now, value)
+
+
+def what_changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> str:
+    """The first value recorded by `watch` that moved, as Python names it, and how.
+
+    >>> box = {"mode": "a"}
+    >>> step = lambda x: box["mode"]
+    >>> seen = watch(step)
+    >>> box["mode"] = "b"
+    >>> what_changed(step, seen)
+    "box['mode'] changed ('a' -> 'b')"
+    """
+    for chain, value, how in watched:
+        try:
+            now = _capture.fetch(fn, chain)
+        except _capture.Gone:
+            return f"{describe(fn, chain[:-1]) or 'a value it read'} no longer holds what it read"
+        if now is value or not _differs(now, value, how):
+            continue
+        where = describe(fn, chain)
+        if how == "value":
+            return f"{where} changed ({value!r} -> {now!r})"
+        if how == "size":
+            return f"{where} changed size ({value} -> {_size(now)})"
+        if how == "type":
+            return f"{where} is now a {type(now).__name__}, not a {value.__name__}"
+        return f"{where} is another object"
+    return "a value it read changed"
+
+
+_DECLINED = threading.local()
+
+
+def note_decline(reason: str) -> None:
+    """Records why this thread's last cached trace did not fit (for the retrace warning)."""
+    _DECLINED.reason = reason
+
+
+def last_decline() -> str:
+    """Why this thread's last cached trace did not fit its step's state ("" if none)."""
+    return getattr(_DECLINED, "reason", "")
 
 
 def moved_numbers(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> list[Chain]:

@@ -1,0 +1,150 @@
+"""The state review: numbers come back as Python computes them (a counter past int32, a
+clock at 2**24), numbers that must stay concrete are found one by one, and a decline
+says why.
+
+Each replica's batch sums to 8 / R, so the all-reduced sum is 8 on every strategy.
+"""
+
+import types
+
+import numpy as np
+import pytest
+from conftest import ones_batch, run_local, total
+
+import jaxdist as jd
+
+
+class Tokens:
+    def __init__(self, start=0):
+        self.tokens = start
+
+    def step(self, x):
+        self.tokens += 1_000_000_000
+        return total(x)
+
+
+def test_a_counter_past_int32_counts_as_python_does(strat):
+    t, x = Tokens(), ones_batch(strat)
+    seen = []
+    for _ in range(5):
+        run_local(strat, t.step, x)
+        seen.append(t.tokens)
+    assert seen == [k * 1_000_000_000 for k in range(1, 6)]
+    assert type(t.tokens) is int
+    assert jd.experimental.step_count(t.step) == 1
+
+
+class Clock:
+    def __init__(self):
+        self.clock = float(2**24)
+        self.lr = 1.0
+        self.k = -5
+
+    def step(self, x):
+        self.clock += 0.1
+        self.lr *= 0.99
+        self.k = (self.k * 7 - 100) // 3 % 11 - self.k
+        return total(x)
+
+
+def test_written_floats_and_ints_follow_python_arithmetic(strat):
+    t, x = Clock(), ones_batch(strat)
+    clock, lr, k = float(2**24), 1.0, -5
+    for _ in range(30):
+        run_local(strat, t.step, x)
+        clock, lr = clock + 0.1, lr * 0.99
+        k = (k * 7 - 100) // 3 % 11 - k
+    assert (t.clock, t.lr, t.k) == (clock, lr, k)  # exactly: double floats, floor division
+    assert t.clock > 2**24 + 2.9 and type(t.k) is int
+    assert jd.experimental.step_count(t.step) == 1
+
+
+class Halves:
+    def __init__(self):
+        self.n = 7
+
+    def step(self, x):
+        self.n = self.n / 2
+        return total(x)
+
+
+def test_a_true_division_of_an_int_writes_a_float(strat):
+    t, x = Halves(), ones_batch(strat)
+    run_local(strat, t.step, x)
+    run_local(strat, t.step, x)
+    assert t.n == 1.75 and type(t.n) is float
+
+
+def fresh(cls, tag):
+    """``cls`` with a step of its own code (jaxdist remembers by code which numbers stay
+    static: each parametrization starts afresh)."""
+    code = cls.step.__code__.replace(co_name=f"step_{tag}")
+    step = types.FunctionType(code, cls.step.__globals__, closure=cls.step.__closure__)
+    return type(cls.__name__, (cls,), {"step": step})
+
+
+class Scaled:
+    def __init__(self, start):
+        self.calls = start
+
+    def step(self, x):
+        self.calls += 1
+        return self.calls * total(x)
+
+
+def test_a_counter_the_device_reads_past_int32_is_loud_never_wrapped(strat):
+    start = 2**31 - 4
+    t, x = fresh(Scaled, id(strat))(start), ones_batch(strat)
+    seen = [run_local(strat, t.step, x) for _ in range(3)]
+    assert seen == [float(np.float32(start + k) * 8) for k in range(1, 4)]  # f32 on device
+    # 2**31 would wrap on the device: part of the trace, where JAX itself refuses a
+    # Python int past int32 in an array operation (as in jax.jit); never a wrapped count
+    with pytest.warns(RuntimeWarning, match=r"self\.calls = 2147483647: the device would wrap"):
+        with pytest.raises(OverflowError):
+            run_local(strat, t.step, x)
+    assert t.calls >= 2**31
+
+
+class Loop:
+    def __init__(self):
+        self.n, self.lr, self.calls = 3, 0.5, 0
+
+    def step(self, x):
+        self.calls += 1
+        out = total(x)
+        for _ in range(self.n):  # needs the value of self.n
+            out = out * self.lr
+        return out
+
+
+def test_one_number_needed_as_a_value_leaves_the_others_inputs(strat):
+    t, x = fresh(Loop, id(strat))(), ones_batch(strat)
+    assert run_local(strat, t.step, x) == 8 * 0.5**3
+    t.n = 2  # traced again: self.n is needed as a value, static; self.calls stays an input
+    assert run_local(strat, t.step, x) == 8 * 0.5**2
+    t.lr = 0.25  # traced again once: self.lr becomes an input
+    assert run_local(strat, t.step, x) == 8 * 0.25**2
+    counted = jd.experimental.step_count(t.step)
+    for lr in (0.125, 1.0, 2.0):
+        t.lr = lr
+        assert run_local(strat, t.step, x) == 8 * lr**2
+    assert jd.experimental.step_count(t.step) == counted  # self.lr, self.calls: inputs
+    assert t.calls == 6
+    t.n = 3
+    assert run_local(strat, t.step, x) == 8 * 2.0**3 and t.calls == 7
+
+
+class Moded:
+    def __init__(self):
+        self.mode = "a"
+
+    def step(self, x):
+        return total(x) * (2.0 if self.mode == "a" else 3.0)
+
+
+def test_the_retrace_warning_says_which_value_changed(strat):
+    t, x = Moded(), ones_batch(strat)
+    with pytest.warns(UserWarning, match=r"because self\.mode changed \('m\d' -> 'm[78]'\)"):
+        for k in range(9):
+            t.mode = f"m{k}"
+            run_local(strat, t.step, x)
