@@ -84,23 +84,13 @@ _OPS: dict[str, Callable[..., Any]] = {
     "select_n": lambda which, *cases: cases[int(which)],
     "copy": lambda a: a,
     "copy_p": lambda a: a,
-    "convert_element_type": lambda a: a,  # the result's dtype decides (`_python`)
+    "convert_element_type": lambda a: a,  # the result's dtype decides (`_converter`)
     "reshape": lambda a: a,  # of a scalar to a scalar
     "squeeze": lambda a: a,
     "broadcast_in_dim": lambda a: a,
 }
 _PARAMS: dict[str, Callable[[Any, dict], Any]] = {"integer_pow": lambda a, p: a ** p["y"]}
 _NESTED = ("jit", "pjit", "closed_call", "core_call")
-
-
-def _python(value: Any, aval: Any) -> Any:
-    """``value`` as the Python number of ``aval``'s kind (int, float or bool)."""
-    kind = np.dtype(aval.dtype).kind
-    if kind == "b":
-        return bool(value)
-    if kind in "iu":
-        return int(value)
-    return float(value)
 
 
 def _scalar(var: Any) -> bool:
@@ -152,24 +142,65 @@ def _needed(jaxpr: Any, outs: Sequence[Any]) -> set:
     return seen
 
 
-def _eval(eqns: Sequence[Any], env: dict) -> None:
-    """Runs ``eqns`` (in order) on the Python values in ``env`` (by variable)."""
-    read = lambda v: _python(v.val, v.aval) if isinstance(v, Literal) else env[v]  # noqa: E731
+_CONVERT = {"b": bool, "i": int, "u": int, "f": float}
+
+
+def _converter(aval: Any) -> Callable[[Any], Any]:
+    """The Python type of ``aval``'s values (int, float or bool)."""
+    return _CONVERT[np.dtype(aval.dtype).kind]
+
+
+def _read(v: Any, slots: dict) -> Any:
+    """A variable's slot, or a literal's Python value in a 1-tuple."""
+    return (_converter(v.aval)(v.val),) if isinstance(v, Literal) else slots[v]
+
+
+def _op(eqn: Any) -> Callable[..., list]:
+    inner = _inner(eqn)
+    if inner is not None:
+        return _nested(getattr(inner, "jaxpr", inner))
+    name = eqn.primitive.name
+    if name in _PARAMS:
+        f, params = _PARAMS[name], eqn.params
+        return lambda a: [f(a, params)]
+    g = _OPS[name]
+    return lambda *a: [g(*a)]
+
+
+def _compile(eqns: Sequence[Any], slots: dict) -> list:
+    """Each equation as ``(op, reads, writes)`` over a list of values (``slots`` gives
+    each variable's place, and gets those of the equations' results)."""
+    prog = []
     for eqn in eqns:
-        args = [read(v) for v in eqn.invars]
-        name = eqn.primitive.name
-        inner = _inner(eqn)
-        if inner is not None:
-            sub = getattr(inner, "jaxpr", inner)
-            inner_env = dict(zip(sub.invars, args))
-            _eval(sub.eqns, inner_env)
-            outs = [inner_env[v] if not isinstance(v, Literal) else read(v) for v in sub.outvars]
-        elif name in _PARAMS:
-            outs = [_PARAMS[name](args[0], eqn.params)]
-        else:
-            outs = [_OPS[name](*args)]
-        for v, out in zip(eqn.outvars, outs):
-            env[v] = _python(out, v.aval)
+        reads = [_read(v, slots) for v in eqn.invars]
+        writes = []
+        for v in eqn.outvars:
+            slots[v] = len(slots)
+            writes.append((slots[v], _converter(v.aval)))
+        prog.append((_op(eqn), reads, writes))
+    return prog
+
+
+def _nested(jaxpr: Any) -> Callable[..., list]:
+    """A nested jaxpr's equations as one op."""
+    slots = {v: i for i, v in enumerate(jaxpr.invars)}
+    prog = _compile(jaxpr.eqns, slots)
+    outs = [_read(v, slots) for v in jaxpr.outvars]
+    size = len(slots)
+
+    def op(*args: Any) -> list:
+        env = [*args, *[None] * (size - len(args))]
+        _run(prog, env)
+        return [o[0] if type(o) is tuple else env[o] for o in outs]
+
+    return op
+
+
+def _run(prog: list, env: list) -> None:
+    for op, reads, writes in prog:
+        outs = op(*[r[0] if type(r) is tuple else env[r] for r in reads])
+        for (slot, convert), out in zip(writes, outs):
+            env[slot] = convert(out)
 
 
 class HostPlan:
@@ -178,7 +209,11 @@ class HostPlan:
     integers `run` checks against the device's int32."""
 
     def __init__(self, numbers: list, host: dict, eqns: list, device: set, ints: list) -> None:
-        self._numbers, self._eqns, self._ints = numbers, eqns, ints
+        slots = {v: i for i, v in enumerate(numbers)}
+        self._prog = _compile(eqns, slots)
+        self._size = len(slots)
+        self._outs = [_read(v, slots) for v in host.values()]
+        self._ints = [slots[v] for v in ints]
         self.host = host  # index of a written output -> its variable
         self.device = device  # indices of the numbers the device program reads
 
@@ -190,10 +225,10 @@ class HostPlan:
         Raises:
             ZeroDivisionError, OverflowError: as Python's arithmetic raises them.
         """
-        env = dict(zip(self._numbers, numbers))
-        _eval(self._eqns, env)
-        values = [env[v] if not isinstance(v, Literal) else v.val for v in self.host.values()]
-        wide = any(not _INT32[0] <= env[v] <= _INT32[1] for v in self._ints)
+        env = [*numbers, *[None] * (self._size - len(numbers))]
+        _run(self._prog, env)
+        values = [o[0] if type(o) is tuple else env[o] for o in self._outs]
+        wide = any(not _INT32[0] <= env[i] <= _INT32[1] for i in self._ints)
         return values, wide
 
 
