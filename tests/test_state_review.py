@@ -5,6 +5,7 @@ says why.
 Each replica's batch sums to 8 / R, so the all-reduced sum is 8 on every strategy.
 """
 
+import threading
 import types
 
 import numpy as np
@@ -148,3 +149,33 @@ def test_the_retrace_warning_says_which_value_changed(strat):
         for k in range(9):
             t.mode = f"m{k}"
             run_local(strat, t.step, x)
+
+
+class Counting:
+    def __init__(self):
+        self.calls = 0
+
+    def step(self, x):
+        self.calls += 1
+        return total(x)
+
+
+def test_two_threads_counting_lose_no_count(strat):
+    t, x = Counting(), ones_batch(strat)
+    run_local(strat, t.step, x)  # traced once, before the threads start
+    errors = []
+
+    def work():
+        try:
+            for _ in range(100):
+                strat.run(t.step, args=(x,))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    assert t.calls == 201
