@@ -18,6 +18,8 @@ import types
 import weakref
 from typing import Any
 
+from jaxdist import _peek
+
 
 @functools.lru_cache(maxsize=1024)
 def global_names(code: types.CodeType) -> frozenset[str]:
@@ -32,7 +34,7 @@ def global_names(code: types.CodeType) -> frozenset[str]:
     """
     names = {i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_OPS}
     for c in code.co_consts:
-        if isinstance(c, types.CodeType):
+        if _peek.is_a(c, types.CodeType):
             names |= global_names(c)
     return frozenset(names)
 
@@ -45,9 +47,9 @@ def _code_names(code: types.CodeType) -> set[str]:
     ``vars(t)["lr"]``, ``operator.attrgetter("lr")``)."""
     names = set(code.co_names)
     for c in code.co_consts:
-        if isinstance(c, types.CodeType):
+        if _peek.is_a(c, types.CodeType):
             names |= _code_names(c)
-        elif isinstance(c, str) and c.isidentifier():
+        elif _peek.is_a(c, str) and c.isidentifier():
             names.add(c)
     return names
 
@@ -74,7 +76,7 @@ def imported_modules(code: types.CodeType) -> frozenset[str]:
         elif i.opname == "IMPORT_FROM" and module is not None:
             out.add(f"{module}.{i.argval}")
     for c in code.co_consts:
-        if isinstance(c, types.CodeType):
+        if _peek.is_a(c, types.CodeType):
             out |= imported_modules(c)
     return frozenset(out)
 
@@ -135,7 +137,7 @@ def reads_by_name(code: types.CodeType) -> bool:
     """
     if set(code.co_names) & _BY_NAME:
         return True
-    return any(isinstance(c, types.CodeType) and reads_by_name(c) for c in code.co_consts)
+    return any(_peek.is_a(c, types.CodeType) and reads_by_name(c) for c in code.co_consts)
 
 
 _BY_NAME = frozenset(("getattr", "vars", "attrgetter", "__dict__"))
@@ -144,7 +146,7 @@ _BY_NAME = frozenset(("getattr", "vars", "attrgetter", "__dict__"))
 def add_names(obj: Any, named: set[str]) -> None:
     """Adds to ``named`` the names a function's code uses, or those of ``obj``'s methods
     that ``named`` names."""
-    if isinstance(obj, types.FunctionType):
+    if _peek.is_a(obj, types.FunctionType):
         named |= code_names(obj.__code__)
     else:
         _add_method_names(obj, named)
@@ -153,7 +155,7 @@ def add_names(obj: Any, named: set[str]) -> None:
 def _add_method_names(obj: Any, named: set[str]) -> None:
     """Adds to ``named`` the names used by the methods and properties of ``obj``'s class
     that ``named`` names (``self.scale()`` reading ``self.lr``), until none is new."""
-    methods = _methods(obj if isinstance(obj, type) else type(obj))
+    methods = _methods(obj if _peek.is_a(obj, type) else type(obj))
     todo = [m for m in methods if m in named]
     while todo:
         new = methods[todo.pop()] - named
@@ -172,11 +174,11 @@ def _methods(cls: type) -> dict[str, frozenset[str]]:
         if klass.__module__ == "builtins":
             continue
         for name, attr in list(vars(klass).items()):
-            if isinstance(attr, property):
+            if _peek.is_a(attr, property):
                 attr = attr.fget
-            elif isinstance(attr, (staticmethod, classmethod)):
+            elif _peek.is_a(attr, (staticmethod, classmethod)):
                 attr = attr.__func__
-            if isinstance(attr, types.FunctionType):
+            if _peek.is_a(attr, types.FunctionType):
                 out[name] = code_names(attr.__code__)
     try:
         _METHODS[cls] = out

@@ -113,11 +113,11 @@ def writable(fn: Callable, chain: Chain) -> bool:
     except _capture.Gone:
         return False
     if kind == "item":
-        return type(parent) in (dict, list) or isinstance(parent, (dict, list))
+        return type(parent) in (dict, list) or _peek.is_a(parent, (dict, list))
     if kind == "attr":
         return _peek.instance_dict(parent) is not None
     if kind == "getattr":
-        return isinstance(parent, type)
+        return _peek.is_a(parent, type)
     return True
 
 
@@ -128,7 +128,7 @@ def put(fn: Callable, chain: Chain, value: Any) -> None:
 
 
 def _set_item(parent: Any, key: Any, value: Any) -> None:
-    (dict.__setitem__ if isinstance(parent, dict) else list.__setitem__)(parent, key, value)
+    (dict.__setitem__ if _peek.is_a(parent, dict) else list.__setitem__)(parent, key, value)
 
 
 _SETTERS: dict[str, Callable[[Any, Any, Any], None]] = {

@@ -27,7 +27,7 @@ def leaked(fn: Callable) -> str | None:
     """Where ``fn``'s state holds a JAX tracer (a value the step computed and stored,
     ``self.w = self.w + g``), as Python would name it; None if nowhere."""
     for chain, child in _capture.walk(fn, set()):
-        if isinstance(child, jax.core.Tracer):
+        if _peek.is_a(child, jax.core.Tracer):
             return describe(fn, chain)
     return None
 
@@ -80,15 +80,15 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
     libraries = []  # modules of the standard library and installed packages
     limits: dict = {}
     for chain, value in list(_capture.walk(fn, named, limits)):
-        if isinstance(value, types.ModuleType) and not _capture.user_module(value):
+        if _peek.is_a(value, types.ModuleType) and not _capture.user_module(value):
             libraries.append((chain, value))
-        if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype != object:
+        if _peek.is_a(value, np.ndarray) and value.ndim == 0 and value.dtype != object:
             out.append((chain, value.copy(), "value"))
-        elif type(value) in _EXACT or isinstance(value, np.generic):
+        elif type(value) in _EXACT or _peek.is_a(value, np.generic):
             out.append((chain, value, "value"))
-        elif isinstance(value, (list, dict, functools.partial)):
+        elif _peek.is_a(value, (list, dict, functools.partial)):
             out.append((chain, _size(value), "size"))  # an entry more: ``for w in self.ws``
-        elif isinstance(value, _PARTS):
+        elif _peek.is_a(value, _PARTS):
             continue  # arrays are inputs; tuples, methods: their parts
         elif _peek.instance_dict(value) is not None and not _plain_callable(value):
             out.append((chain, type(value), "type"))
@@ -153,15 +153,15 @@ def _by_name(fn: Callable, watched: tuple[Chain, Any, str], named: set[str]) -> 
 
 def _plain_callable(value: Any) -> bool:
     """A function, method, partial or other callable that is not a user object."""
-    if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
+    if _peek.is_a(value, (types.FunctionType, types.MethodType, functools.partial)):
         return True
     defined = [c.__dict__["__call__"] for c in type(value).__mro__ if "__call__" in c.__dict__]
-    return callable(value) and not (defined and isinstance(defined[0], types.FunctionType))
+    return callable(value) and not (defined and _peek.is_a(defined[0], types.FunctionType))
 
 
 def _code_strings(fn: Callable) -> set:
     code = getattr(getattr(fn, "__func__", fn), "__code__", None)
-    return set() if code is None else {c for c in code.co_consts if isinstance(c, str)}
+    return set() if code is None else {c for c in code.co_consts if _peek.is_a(c, str)}
 
 
 _PARTS = (
@@ -291,11 +291,11 @@ def settle(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> tuple:
 
 def _size(x: Any) -> Any:
     """How many entries a list or dict has (a partial: its arguments), None otherwise."""
-    if isinstance(x, functools.partial):
+    if _peek.is_a(x, functools.partial):
         return (len(x.args), len(x.keywords))
-    if isinstance(x, list):
+    if _peek.is_a(x, list):
         return list.__len__(x)  # the built-in's length, not a subclass's __len__
-    return dict.__len__(x) if isinstance(x, dict) else None
+    return dict.__len__(x) if _peek.is_a(x, dict) else None
 
 
 def _equal(a: Any, b: Any) -> bool:

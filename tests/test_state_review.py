@@ -179,3 +179,64 @@ def test_two_threads_counting_lose_no_count(strat):
         th.join()
     assert not errors
     assert t.calls == 201
+
+
+class Nosy:
+    """Counts every attribute read, hash and comparison that goes through its code."""
+
+    seen = 0
+
+    def __getattribute__(self, name):
+        type(self).seen += 1
+        return object.__getattribute__(self, name)
+
+    def __hash__(self):
+        type(self).seen += 1
+        return 1
+
+    def __eq__(self, other):
+        type(self).seen += 1
+        return True
+
+
+class NosyTrainer(Nosy):
+    def __init__(self):
+        object.__setattr__(self, "other", Nosy())  # on self, never read by the step
+        object.__setattr__(self, "w", 2.0)
+
+    def step(self, x):
+        return total(x) * object.__getattribute__(self, "w")
+
+
+def test_looking_for_state_runs_no_user_code_of_objects_it_does_not_read(strat):
+    t, x = NosyTrainer(), ones_batch(strat)
+    bound = NosyTrainer.step.__get__(t)
+    Nosy.seen = 0
+    assert run_local(strat, bound, x) == 16.0
+    assert run_local(strat, NosyTrainer.step.__get__(t), x) == 16.0
+    assert Nosy.seen == 0
+
+
+class Equal:
+    def __init__(self, w):
+        self.w = w
+
+    def __eq__(self, other):
+        return True
+
+    def __hash__(self):
+        return 1
+
+    def step(self, x):
+        return total(x) * self.k()
+
+    def k(self):
+        return self.w
+
+
+def test_two_equal_trainers_get_programs_of_their_own(strat):
+    a, b, x = Equal(2.0), Equal(3.0), ones_batch(strat)
+    assert run_local(strat, a.step, x) == 16.0
+    assert run_local(strat, b.step, x) == 24.0
+    assert jd.experimental.step_count(a.step) == 1
+    assert jd.experimental.step_count(b.step) == 1
