@@ -21,8 +21,10 @@ NumPy array computed from NumPy state a warning.
 from __future__ import annotations
 
 import functools
+import types
 import warnings
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
@@ -134,6 +136,51 @@ def _warn_numpy_copies(fn: Callable, unfound: list) -> None:
     )
 
 
+def placed(v: jax.Array, place: Callable[[Any], Any]) -> Any:
+    """``place(v)``, kept while ``v`` lives and shared by every trace that reads it (one
+    copy of the state per placement, not one per argument signature); JAX arrays are
+    immutable, so a kept copy is current while the state holds ``v``."""
+    entry = _PLACED.get(id(v))
+    if entry is None or entry[0]() is not v:
+        try:
+            ref = weakref.ref(v, functools.partial(_forget, id(v)))
+        except TypeError:
+            return place(v)
+        entry = _PLACED[id(v)] = (ref, {})
+    key = _place_key(place)
+    found = entry[1].get(key)
+    if found is None:
+        found = place(v)
+        if found is v:  # kept, it would keep ``v`` alive
+            return v
+        entry[1][key] = found
+    return found
+
+
+_PLACED: dict[int, tuple[weakref.ref, dict]] = {}  # id(array) -> (its reference, copies)
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    entry = _PLACED.get(key)
+    if entry is not None and entry[0] is ref:  # not a newer array with the same id
+        del _PLACED[key]
+
+
+def _place_key(place: Callable) -> Hashable:
+    """What decides where ``place`` puts an array (a bound method: its object and
+    function; a partial: its function and arguments)."""
+    key: Hashable = place
+    if isinstance(place, types.MethodType):
+        key = (place.__self__, place.__func__)
+    elif isinstance(place, functools.partial):
+        key = (place.func, place.args, tuple(sorted(place.keywords.items())))
+    try:
+        hash(key)
+    except TypeError:
+        return place
+    return key
+
+
 class Staged:
     """``body`` traced once on ``examples``; what it read from ``fn``'s state is an input.
 
@@ -209,7 +256,6 @@ class Staged:
         self._consts = consts
         self._jaxpr = closed.jaxpr
         self._outs = {id(x): c for x, c in zip(out_consts, chains[len(consts) :]) if c is not None}
-        self._placed: list = [None] * len(self._lifted)
         self._fetcher = _capture.Fetcher([*self._numbers, *(c for _, c, *_ in self._lifted)])
         self._fresh = True
         self.num_inputs = len(self._numbers) + len(self._lifted)
@@ -391,12 +437,7 @@ class Staged:
     def _place(self, k: int, v: Any, place: Callable[[Any], Any]) -> Any:
         if not isinstance(v, jax.Array):
             return place(v)
-        last = self._placed[k]
-        if last is not None and last[0] is v:
-            return last[1]
-        placed = place(v)
-        self._placed[k] = (v, placed)
-        return placed
+        return placed(v, place)
 
     def output(self, fn: Callable, value: Any) -> Any:
         """An untraced output ``value`` of the trace, as ``fn``'s state holds it now."""

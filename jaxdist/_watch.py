@@ -13,6 +13,7 @@ import functools
 import threading
 import types
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -93,7 +94,7 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
         elif _peek.instance_dict(value) is not None and not _plain_callable(value):
             out.append((chain, type(value), "type"))
         elif callable(value):
-            out.append((chain, value, "ident"))
+            out.append(_identity(chain, value))
     out += _library_values(libraries, named)
     keys = named | _code_strings(fn)
     by_name = _names.BY_NAME in named
@@ -118,6 +119,16 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
             stacklevel=6,
         )
     return tuple(out[:_MAX_WATCHED])
+
+
+def _identity(chain: Chain, value: Any) -> tuple[Chain, Any, str]:
+    """A callable watched by identity, held weakly where it can be (a jitted bound
+    method of the step's object, ``self.act = jax.jit(self._act)``, would keep the
+    object alive through the compile cache)."""
+    try:
+        return chain, weakref.ref(value), "weak"
+    except TypeError:
+        return chain, value, "ident"
 
 
 def _library_values(libraries: list, named: set[str]) -> list:
@@ -177,7 +188,7 @@ _PARTS = (
 )
 _EXACT = frozenset((bool, int, float, complex, str, type(None)))  # not subclasses: no __eq__
 _MAX_WATCHED = 4096  # about 2 ms a call to check (`Checker`), past it a warning
-_ORDER = {"value": 0, "size": 1, "ident": 2, "type": 3}  # numbers first in the bound
+_ORDER = {"value": 0, "size": 1, "ident": 2, "weak": 2, "type": 3}  # numbers first in the bound
 
 
 def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
@@ -212,6 +223,8 @@ def _differs(now: Any, value: Any, how: str) -> bool:
         return _size(now) != value
     if now is value:
         return False
+    if how == "weak":  # a dead reference: the object it was is gone, so changed
+        return value() is not now
     return how == "ident" or type(now) is not type(value) or not _equal(now, value)
 
 

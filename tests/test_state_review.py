@@ -5,9 +5,13 @@ says why.
 Each replica's batch sums to 8 / R, so the all-reduced sum is 8 on every strategy.
 """
 
+import gc
 import threading
 import types
+import weakref
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import ones_batch, run_local, total
@@ -240,3 +244,40 @@ def test_two_equal_trainers_get_programs_of_their_own(strat):
     assert run_local(strat, b.step, x) == 24.0
     assert jd.experimental.step_count(a.step) == 1
     assert jd.experimental.step_count(b.step) == 1
+
+
+class Actor:
+    def __init__(self):
+        self.w = jnp.full((), 2.0)
+        self.act = jax.jit(self._act)
+
+    def _act(self, y):
+        return y * 2.0
+
+    def step(self, x):
+        return self.act(total(x)) * self.w
+
+
+def test_a_trainer_holding_a_jitted_bound_method_is_freed(strat):
+    x = ones_batch(strat)
+    refs = []
+    for _ in range(20):
+        t = Actor()
+        assert run_local(strat, t.step, x) == 32.0
+        refs.append(weakref.ref(t))
+        del t
+    gc.collect()
+    assert sum(r() is not None for r in refs) == 0
+
+
+def test_argument_shapes_share_one_placed_copy_of_the_state(strat):
+    t = Actor()
+    t.w = jnp.ones((256, 1024), jnp.float32)  # 1 MiB
+    n = strat.num_replicas_in_sync
+    step = lambda x: t.w[0, 0] * total(x)  # noqa: E731
+    for rows in range(1, 7):  # 6 argument shapes
+        x = strat.experimental_distribute_values_from_function(lambda c, rows=rows: jnp.ones(rows * 8 // n))
+        assert run_local(strat, step, x) == 8.0 * rows
+    gc.collect()
+    big = [a for a in jax.live_arrays() if a.shape == (256, 1024)]
+    assert len(big) <= 2  # t.w, and its copy placed on the replicas (one, not six)
