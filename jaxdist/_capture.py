@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 import types
 import warnings
 import weakref
@@ -272,6 +273,8 @@ def locate_all(fn: Callable, targets: list, limits: dict | None = None) -> list[
     for chain, child in walk(fn, named, limits):
         if _peek.is_a(child, np.ndarray) and child.dtype != object and is_named(chain, named):
             limits["numpy"] = True
+            if not child.flags.c_contiguous:  # a view of it is copied, not found
+                limits.setdefault("strided", []).append(chain)
         keys = {id(child), id(_owner(child))} if _peek.is_a(child, np.ndarray) else {id(child)}
         for i in {i for k in keys for i in want.get(k, ())}:
             if len(candidates[i]) >= 4:
@@ -304,7 +307,14 @@ def same_array(a: Any, b: Any) -> bool:
 
 
 def is_named(chain: Chain, named: set[str]) -> bool:
-    return all(_name(kind, k) in named for kind, k in chain if _name(kind, k) is not None)
+    """Whether every name ``chain`` reads by is one the code uses (a pytree node's
+    fields all are, where the code uses tree functions: `jaxdist._names.BY_TREE`)."""
+    by_tree = _names.BY_TREE in named
+    for kind, k in chain:
+        name = _name(kind, k)
+        if name is not None and name not in named and not (by_tree and kind == "child"):
+            return False
+    return True
 
 
 def _name(kind: str, key: Any) -> str | None:
@@ -462,4 +472,7 @@ _STEPS: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 
+# objects whose contents jaxdist cannot read without running code: what a step reads
+# through them is a constant of its trace (`jaxdist._watch` warns naming them)
+OPAQUE = (weakref.ProxyType, weakref.CallableProxyType, threading.local)
 WATCHED = (bool, int, float, complex, str, type(None), np.generic)  # compared by value

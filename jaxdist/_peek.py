@@ -96,6 +96,15 @@ def type_lookup(cls: type, name: str) -> Any:
 _MISSING = object()
 
 
+def _lookup(cls: type, name: str) -> Any:
+    """`type_lookup`, `_MISSING` where no class defines ``name`` (not None)."""
+    for klass in cls.__mro__:
+        found = klass.__dict__.get(name, _MISSING)
+        if found is not _MISSING:
+            return found
+    return _MISSING
+
+
 def instance_dict(obj: Any) -> dict | None:
     """``obj.__dict__`` through the interpreter's own descriptor; None where the class
     has none or defines ``__dict__`` itself (a property of a proxy: user code).
@@ -139,16 +148,16 @@ def safe_getattr(obj: Any, name: str) -> Any:
     class's data; AttributeError where reading it would run code (a property, a
     ``__getattr__``)."""
     if is_a(obj, type):
-        found = type_lookup(obj, name)
-        if found is None or hasattr(type(found), "__get__"):
+        found = _lookup(obj, name)
+        if found is _MISSING or hasattr(type(found), "__get__"):
             raise AttributeError(name)
         return found
     own = instance_dict(obj)
     if own is not None and name in own:
         return own[name]
-    found = type_lookup(type(obj), name)
+    found = _lookup(type(obj), name)
     if type(found) is types.MemberDescriptorType:  # a slot (raises if unset)
         return found.__get__(obj, type(obj))
-    if found is None or hasattr(type(found), "__get__"):
+    if found is _MISSING or hasattr(type(found), "__get__"):
         raise AttributeError(name)
-    return found
+    return found  # class data (``None`` included: a dataclass field's default)

@@ -116,7 +116,7 @@ def _warn_unfound_arrays(fn: Callable, unfound: list) -> None:
     )
 
 
-def _warn_numpy_copies(fn: Callable, unfound: list) -> None:
+def _warn_numpy_copies(fn: Callable, unfound: list, strided: list) -> None:
     """Warns once per trace where a step whose state holds NumPy arrays made a NumPy
     array jaxdist cannot trace back to it (``np.exp(self.w)``, a view of a Fortran-ordered
     or strided array that JAX copied): it stays a constant of the program."""
@@ -124,6 +124,8 @@ def _warn_numpy_copies(fn: Callable, unfound: list) -> None:
     if not copies:
         return
     what = ", ".join(f"{c.dtype}{list(c.shape)}" for c in copies[:3])
+    if strided:
+        what += f"; perhaps views of {', '.join(strided[:3])} (not C-contiguous: copied)"
     warnings.warn(
         f"The step {describe(fn)} reads NumPy arrays from its state and computed "
         f"{len(copies)} NumPy array(s) ({what}) that are not in it (np.exp(self.w), "
@@ -239,7 +241,9 @@ class Staged:
         _check_not_stacked(fn, chains[: len(consts)], consts)
         unfound = [c for c, ch in zip(consts, chains) if ch is None]
         if limits.get("numpy"):
-            _warn_numpy_copies(fn, unfound)
+            _warn_numpy_copies(
+                fn, unfound, [_watch.describe(fn, c) for c in limits.get("strided", [])]
+            )
         if not limits.get("truncated"):  # (`locate_all` has warned then)
             _warn_unfound_arrays(fn, [c for c in unfound if id(c) in before])
         del before

@@ -9,6 +9,7 @@ The walk from the step function to its state is `jaxdist._capture`'s.
 
 from __future__ import annotations
 
+import collections
 import functools
 import threading
 import types
@@ -64,7 +65,7 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
     the program, so they are compared by value, a copy being kept). Identity: functions
     and other callables that are not objects of a Python class (``jnp.tanh``, a jitted
     function). Class: other objects (``self.loss = Huber()`` in place of ``MSE()``).
-    Size: lists, dicts and partials (an entry added to what the step iterates over).
+    Size: lists, tuples, deques, dicts and partials (an entry added to what the step iterates over).
     Values under dict keys that the code names come first in the bound.
 
     >>> box = {"lr": 0.1}
@@ -80,14 +81,17 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
     named: set[str] = set()
     libraries = []  # modules of the standard library and installed packages
     limits: dict = {}
+    opaque = []
     for chain, value in list(_capture.walk(fn, named, limits)):
+        if _peek.is_a(value, _capture.OPAQUE):
+            opaque.append(chain)
         if _peek.is_a(value, types.ModuleType) and not _capture.user_module(value):
             libraries.append((chain, value))
         if _peek.is_a(value, np.ndarray) and value.ndim == 0 and value.dtype != object:
             out.append((chain, value.copy(), "value"))
         elif type(value) in _EXACT or _peek.is_a(value, np.generic):
             out.append((chain, value, "value"))
-        elif _peek.is_a(value, (list, dict, functools.partial)):
+        elif _peek.is_a(value, (list, dict, functools.partial, tuple, collections.deque)):
             out.append((chain, _size(value), "size"))  # an entry more: ``for w in self.ws``
         elif _peek.is_a(value, _PARTS):
             continue  # arrays are inputs; tuples, methods: their parts
@@ -100,6 +104,7 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
     by_name = _names.BY_NAME in named
     out = [w for w in out if _capture.is_named(w[0], named) or (by_name and _by_name(fn, w, named))]
     out.sort(key=lambda w: (not all(k in keys for kind, k in w[0] if kind == "item"), _ORDER[w[2]]))
+    _warn_opaque(fn, [c for c in opaque if _capture.is_named(c, named)])
     if limits.get("truncated"):
         warnings.warn(
             f"jaxdist looked at {_capture.MAX_NODES:,} objects reachable from the step "
@@ -119,6 +124,25 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
             stacklevel=6,
         )
     return tuple(out[:_MAX_WATCHED])
+
+
+def _warn_opaque(fn: Callable, chains: list) -> None:
+    """Warns naming the proxies and thread-locals the step reaches by names it uses:
+    what it reads through them is a constant of the trace (reading them would run code)."""
+    if not chains:
+        return
+    where = ", ".join(
+        f"{describe(fn, c)} ({type(_capture.fetch(fn, c)).__name__})" for c in chains[:3]
+    )
+    warnings.warn(
+        f"The step {getattr(fn, '__qualname__', fn)!r} reaches {where}: jaxdist cannot look "
+        "through a weakref.proxy or a threading.local without running code, so the arrays "
+        "and numbers the step reads through it keep the values they had when it was "
+        "traced. Keep the state itself on the object (or a weakref.ref, which is read), or "
+        "pass it to strategy.run as an argument.",
+        RuntimeWarning,
+        stacklevel=6,
+    )
 
 
 def _identity(chain: Chain, value: Any) -> tuple[Chain, Any, str]:
@@ -303,9 +327,14 @@ def settle(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> tuple:
 
 
 def _size(x: Any) -> Any:
-    """How many entries a list or dict has (a partial: its arguments), None otherwise."""
+    """How many entries a list, tuple, deque or dict has (a partial: its arguments),
+    None otherwise."""
     if _peek.is_a(x, functools.partial):
         return (len(x.args), len(x.keywords))
+    if _peek.is_a(x, tuple):
+        return tuple.__len__(x)
+    if _peek.is_a(x, collections.deque):
+        return collections.deque.__len__(x)
     if _peek.is_a(x, list):
         return list.__len__(x)  # the built-in's length, not a subclass's __len__
     return dict.__len__(x) if _peek.is_a(x, dict) else None
