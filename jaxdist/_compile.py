@@ -305,6 +305,13 @@ class StepCache:
     def _count(table: dict, sub: Hashable) -> int:
         return sum(len(v) for (s, _), v in table.items() if s == sub)
 
+    def entries(self, fn: Callable) -> list:
+        """The cached entries of ``fn`` (of its code, for a plain function), newest first."""
+        owner, sub = _owner(fn)
+        with self._lock:
+            table: dict = self._lookup(owner) or {}
+            return [e for (s, _), v in reversed(table.items()) if s == sub for e in v]
+
     def size(self, fn: Callable) -> int:
         """How many compiled steps the cache holds for ``fn`` (its number of traces)."""
         owner, sub = _owner(fn)
@@ -335,8 +342,7 @@ def _warn_retrace(fn: Callable, reason: str) -> None:
         "structure, shape or dtype, and each new non-numeric Python value (bool, str, None...) "
         "in args compiles a new step; Python numbers are traced. So does a new value of a "
         "Python number, string or function the step reads from its closure, globals or "
-        "object. Keep argument shapes fixed; pass changing numbers as arguments."
-        + why,
+        "object. Keep argument shapes fixed; pass changing numbers as arguments." + why,
         stacklevel=5,
     )
 

@@ -21,17 +21,15 @@ NumPy array computed from NumPy state a warning.
 from __future__ import annotations
 
 import functools
-import types
 import warnings
-import weakref
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
-from jaxdist import _capture, _hostnum, _promote, _watch
+from jaxdist import _capture, _hostnum, _placed, _promote, _watch
 from jaxdist._layout import is_tracer
 from jaxdist._validate import describe
 
@@ -136,51 +134,6 @@ def _warn_numpy_copies(fn: Callable, unfound: list, strided: list) -> None:
         RuntimeWarning,
         stacklevel=5,
     )
-
-
-def placed(v: jax.Array, place: Callable[[Any], Any]) -> Any:
-    """``place(v)``, kept while ``v`` lives and shared by every trace that reads it (one
-    copy of the state per placement, not one per argument signature); JAX arrays are
-    immutable, so a kept copy is current while the state holds ``v``."""
-    entry = _PLACED.get(id(v))
-    if entry is None or entry[0]() is not v:
-        try:
-            ref = weakref.ref(v, functools.partial(_forget, id(v)))
-        except TypeError:
-            return place(v)
-        entry = _PLACED[id(v)] = (ref, {})
-    key = _place_key(place)
-    found = entry[1].get(key)
-    if found is None:
-        found = place(v)
-        if found is v:  # kept, it would keep ``v`` alive
-            return v
-        entry[1][key] = found
-    return found
-
-
-_PLACED: dict[int, tuple[weakref.ref, dict]] = {}  # id(array) -> (its reference, copies)
-
-
-def _forget(key: int, ref: weakref.ref) -> None:
-    entry = _PLACED.get(key)
-    if entry is not None and entry[0] is ref:  # not a newer array with the same id
-        del _PLACED[key]
-
-
-def _place_key(place: Callable) -> Hashable:
-    """What decides where ``place`` puts an array (a bound method: its object and
-    function; a partial: its function and arguments)."""
-    key: Hashable = place
-    if isinstance(place, types.MethodType):
-        key = (place.__self__, place.__func__)
-    elif isinstance(place, functools.partial):
-        key = (place.func, place.args, tuple(sorted(place.keywords.items())))
-    try:
-        hash(key)
-    except TypeError:
-        return place
-    return key
 
 
 class Staged:
@@ -441,7 +394,21 @@ class Staged:
     def _place(self, k: int, v: Any, place: Callable[[Any], Any]) -> Any:
         if not isinstance(v, jax.Array):
             return place(v)
-        return placed(v, place)
+        return _placed.placed(v, place)
+
+    def state(self, fn: Callable) -> dict[str, list[str]]:
+        """What this trace reads of ``fn``'s state, as Python names it (`explain`)."""
+        name = functools.partial(_watch.describe, fn)
+        host = {self._written[j][0] for j in self._plan.host}
+        return {
+            "arrays": [name(c) for _, c, *_ in self._lifted],
+            "numbers": [name(c) for c in self._numbers],
+            "written": [
+                name(self._numbers[i]) + (" (Python's arithmetic)" if i in host else "")
+                for i, _ in self._written
+            ],
+            "checked": [_watch.shown(fn, w) for w in self._watched],
+        }
 
     def output(self, fn: Callable, value: Any) -> Any:
         """An untraced output ``value`` of the trace, as ``fn``'s state holds it now."""

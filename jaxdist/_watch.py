@@ -280,6 +280,26 @@ def what_changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> s
     return "a value it read changed"
 
 
+def shown(fn: Callable, watched: tuple[Chain, Any, str]) -> str:
+    """One value recorded by `watch`, as the check it stands for.
+
+    >>> box = {"mode": "a"}
+    >>> step = lambda x: box["mode"]
+    >>> [shown(step, w) for w in watch(step)]
+    ["box['mode'] == 'a'", 'len(box) == 1']
+    """
+    chain, value, how = watched
+    where = describe(fn, chain) or "the step's function"
+    if how == "size":
+        return f"len({where}) == {value}"
+    if how == "type":
+        return f"type({where}) is {value.__qualname__}"
+    if how in ("ident", "weak"):
+        held = value() if how == "weak" else value
+        return f"{where} is {getattr(held, '__qualname__', type(held).__qualname__)}"
+    return f"{where} == {value!r}"
+
+
 _DECLINED = threading.local()
 
 

@@ -276,8 +276,35 @@ def test_argument_shapes_share_one_placed_copy_of_the_state(strat):
     n = strat.num_replicas_in_sync
     step = lambda x: t.w[0, 0] * total(x)  # noqa: E731
     for rows in range(1, 7):  # 6 argument shapes
-        x = strat.experimental_distribute_values_from_function(lambda c, rows=rows: jnp.ones(rows * 8 // n))
+        x = strat.experimental_distribute_values_from_function(
+            lambda c, rows=rows: jnp.ones(rows * 8 // n)
+        )
         assert run_local(strat, step, x) == 8.0 * rows
     gc.collect()
     big = [a for a in jax.live_arrays() if a.shape == (256, 1024)]
     assert len(big) <= 2  # t.w, and its copy placed on the replicas (one, not six)
+
+
+class Explained:
+    def __init__(self):
+        self.params = {"w": jnp.ones(())}
+        self.lr, self.calls, self.mode = 0.5, 0, "train"
+
+    def step(self, x):
+        self.calls += 1
+        scale = 2.0 if self.mode == "train" else 1.0
+        return total(x) * self.params["w"] * self.lr * scale
+
+
+def test_explain_names_what_is_read_again(strat):
+    t, x = fresh(Explained, id(strat))(), ones_batch(strat)
+    run_local(strat, t.step, x)
+    t.lr = 0.25  # an input from now on
+    run_local(strat, t.step, x)
+    text = jd.experimental.explain(t.step)
+    newest = text.split("trace 2:")[0]
+    assert "arrays read afresh on every call: self.params['w']" in newest
+    assert "given to the program on every call: self.calls, self.lr" in newest
+    assert "self.calls (Python's arithmetic)" in newest
+    assert "self.mode == 'train'" in newest
+    assert text.startswith("Explained.step: 2 cached traces") and "trace 2:" in text
