@@ -22,7 +22,15 @@ import jax
 def placed(v: jax.Array, place: Callable[[Any], Any]) -> Any:
     """``place(v)``, kept while ``v`` lives and shared by every trace that reads it (one
     copy of the state per placement, not one per argument signature); JAX arrays are
-    immutable, so a kept copy is current while the state holds ``v``."""
+    immutable, so a kept copy is current while the state holds ``v``.
+
+    >>> import jax.numpy as jnp
+    >>> def put(v):
+    ...     return v * 1
+    >>> w = jnp.ones(3)
+    >>> placed(w, put) is placed(w, put)
+    True
+    """
     entry = _PLACED.get(id(v))
     if entry is None or entry[0]() is not v:
         try:
