@@ -255,6 +255,8 @@ def plan(jaxpr: Any, first: int, written: Sequence[int]) -> HostPlan:
     outs = jaxpr.outvars[k:]
     host = {j: v for j, v in enumerate(outs) if isinstance(v, Literal) or v in known}
     device_outs = [v for j, v in enumerate(jaxpr.outvars) if j < k or j - k not in host]
+    # what an effect reads (``jax.debug.print(self.calls)``) runs on the device too
+    device_outs += [v for e in jaxpr.eqns if e.effects for v in e.invars]
     needed = _needed(jaxpr, device_outs)
     device = {i for i, v in enumerate(numbers) if v in needed}
     ints = [v for v in known if v in needed and np.dtype(v.aval.dtype).kind in "iu"]

@@ -308,3 +308,70 @@ def test_explain_names_what_is_read_again(strat):
     assert "self.calls (Python's arithmetic)" in newest
     assert "self.mode == 'train'" in newest
     assert text.startswith("Explained.step: 2 cached traces") and "trace 2:" in text
+
+
+class Divider:
+    def __init__(self):
+        self.x, self.d = 1.0, 2.0
+
+    def step(self, x):
+        self.x = self.x / self.d
+        return total(x)
+
+
+def test_a_written_number_divided_by_zero_raises_as_python_does(strat):
+    t, x = fresh(Divider, id(strat))(), ones_batch(strat)
+    run_local(strat, t.step, x)
+    run_local(strat, t.step, x)
+    assert t.x == 0.25
+    t.d = 0.0
+    with pytest.raises(ZeroDivisionError):
+        run_local(strat, t.step, x)
+    assert t.x == 0.25  # unchanged, as after Python's failed division
+
+
+class Fresh:
+    def __init__(self):
+        self.w = jnp.ones((64,))
+        self.calls = 0
+
+    def step(self, x):
+        self.calls += 1
+        return total(x) * self.w[0]
+
+
+def test_many_calls_with_new_state_each_keep_memory_flat(strat):
+    t, x = Fresh(), ones_batch(strat)
+    for _ in range(20):
+        t.w = t.w + 0
+        run_local(strat, t.step, x)
+    gc.collect()
+    before = len(jax.live_arrays())
+    for _ in range(500):
+        t.w = t.w + 0  # a new array every call: its placed copy goes with the old one
+        run_local(strat, t.step, x)
+    gc.collect()
+    assert len(jax.live_arrays()) <= before + 2
+    assert t.calls == 520 and jd.experimental.step_count(t.step) == 1
+
+
+class Printing:
+    def __init__(self):
+        self.calls = 0
+
+    def step(self, x):
+        self.calls += 1
+        jax.debug.callback(SEEN.append, self.calls)
+        return total(x)
+
+
+SEEN = []
+
+
+def test_an_effect_reading_a_number_sees_its_value(strat):
+    t, x = fresh(Printing, id(strat))(), ones_batch(strat)
+    SEEN.clear()
+    for _ in range(3):
+        run_local(strat, t.step, x)
+    jax.effects_barrier()
+    assert sorted({int(v) for v in SEEN}) == [1, 2, 3] and t.calls == 3
