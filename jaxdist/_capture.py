@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 import types
 import warnings
 import weakref
@@ -38,7 +39,7 @@ import jax
 import numpy as np
 
 from jaxdist import _names, _peek
-from jaxdist._values import is_distributed
+from jaxdist._values import DistributedValues
 
 Chain = tuple  # ((kind, key), ...) from the step function to a value
 MAX_NODES = 200_000  # objects looked at per trace; past it, a warning (`locate_all`)
@@ -56,7 +57,7 @@ Gone = _peek.Gone  # the value a chain led to is no longer there
 
 def _pytree_children(obj: Any) -> tuple[list, Any] | None:
     """The children of a registered pytree node (None for a leaf)."""
-    if isinstance(obj, Iterator):  # generators and iterators are leaves (JAX warns on them)
+    if _peek.is_a(obj, Iterator):  # generators and iterators are leaves (JAX warns on them)
         return None
     kids, treedef = jax.tree_util.tree_flatten(obj, is_leaf=lambda x: x is not obj)
     if len(kids) == 1 and kids[0] is obj:
@@ -83,25 +84,25 @@ def _children(obj: Any) -> Iterator[tuple[tuple, Any]]:
     ``__getattr__``, ``__getattribute__``, properties, ``__len__``, ``__iter__`` or
     ``__getitem__``): looking for state runs no user code.
     """
-    if isinstance(obj, types.MethodType):
+    if _peek.is_a(obj, types.MethodType):
         yield ("self", None), obj.__self__
         yield ("func", None), obj.__func__
-    elif isinstance(obj, functools.partial):
+    elif _peek.is_a(obj, functools.partial):
         yield ("pfunc", None), obj.func
         yield from ((("parg", i), a) for i, a in enumerate(obj.args))
         yield from ((("pkw", k), a) for k, a in obj.keywords.items())
-    elif isinstance(obj, types.FunctionType):
+    elif _peek.is_a(obj, types.FunctionType):
         yield from _function_children(obj)
-    elif isinstance(obj, type):  # ``Config.lr``, or a classmethod's class
+    elif _peek.is_a(obj, type):  # ``Config.lr``, or a classmethod's class
         for cls in obj.__mro__[:-1]:
             yield from _class_data(cls)
     elif _peek.is_container(obj):
         yield from ((("item", k), a) for k, a in _peek.items(obj))
     elif type(obj) is weakref.ref:
         yield ("deref", None), obj()
-    elif isinstance(obj, np.ndarray) and obj.dtype == object:
+    elif _peek.is_a(obj, np.ndarray) and obj.dtype == object:
         yield from ((("flat", i), a) for i, a in enumerate(obj.ravel().tolist()))
-    elif is_distributed(obj):
+    elif _distributed(obj):
         yield from _distributed_children(obj)
     else:
         yield from _object_children(obj)
@@ -157,7 +158,7 @@ def _class_level(obj: Any, own: dict) -> Iterator[tuple[tuple, Any]]:
     so an instance attribute set later is what the chain finds then."""
     for cls in type(obj).__mro__[:-1]:
         slots = cls.__dict__.get("__slots__", ())
-        for k in (slots,) if isinstance(slots, str) else slots:
+        for k in (slots,) if _peek.is_a(slots, str) else slots:
             if k not in own and k not in ("__dict__", "__weakref__"):
                 try:
                     yield ("getattr", k), _peek.safe_getattr(obj, k)
@@ -173,16 +174,20 @@ def _class_data(cls: type, own: dict | None = None) -> Iterator[tuple[tuple, Any
     for k, a in list(cls.__dict__.items()):
         if (own and k in own) or k.startswith("__") or hasattr(type(a), "__get__"):
             continue
-        if isinstance(a, (jax.Array, np.ndarray, *WATCHED, list, tuple, dict)) or is_distributed(a):
+        if _peek.is_a(a, (jax.Array, np.ndarray, *WATCHED, list, tuple, dict)) or _distributed(a):
             yield ("getattr", k), a
 
 
+def _distributed(obj: Any) -> bool:
+    return issubclass(type(obj), DistributedValues)
+
+
 def _expandable(obj: Any) -> bool:
-    if isinstance(obj, types.ModuleType):
+    if _peek.is_a(obj, types.ModuleType):
         return user_module(obj)
-    if isinstance(obj, np.ndarray):
+    if _peek.is_a(obj, np.ndarray):
         return obj.dtype == object  # an object array's elements (arrays, objects)
-    return not isinstance(obj, _OPAQUE) and not isinstance(obj, jax.Array)
+    return not _peek.is_a(obj, _OPAQUE) and not _peek.is_a(obj, jax.Array)
 
 
 def user_module(module: types.ModuleType) -> bool:
@@ -212,7 +217,7 @@ def walk(fn: Callable, named: set[str], limits: dict | None = None) -> Iterator[
         while frontier:
             nxt: list[tuple[Any, Chain]] = []
             # functions first: the names their code uses decide what else comes first
-            frontier.sort(key=lambda entry: not isinstance(entry[0], types.FunctionType))
+            frontier.sort(key=lambda entry: not _peek.is_a(entry[0], types.FunctionType))
             for obj, chain in frontier:
                 if not later:  # a callback reached through other names is not the step's
                     _names.add_names(obj, named)
@@ -258,7 +263,7 @@ def locate_all(fn: Callable, targets: list, limits: dict | None = None) -> list[
     want: dict[int, list[int]] = {}
     for i, t in enumerate(targets):
         want.setdefault(id(t), []).append(i)
-        if isinstance(t, np.ndarray) and t.base is not None:
+        if _peek.is_a(t, np.ndarray) and t.base is not None:
             # JAX keeps a NumPy constant as a view of the user's array, or of a view of
             # it taken in the step (``table[0]``): found through the memory's owner
             want.setdefault(id(_owner(t)), []).append(i)
@@ -266,9 +271,11 @@ def locate_all(fn: Callable, targets: list, limits: dict | None = None) -> list[
     named: set[str] = set()
     limits = {} if limits is None else limits
     for chain, child in walk(fn, named, limits):
-        if isinstance(child, np.ndarray) and child.dtype != object and is_named(chain, named):
+        if _peek.is_a(child, np.ndarray) and child.dtype != object and is_named(chain, named):
             limits["numpy"] = True
-        keys = {id(child), id(_owner(child))} if isinstance(child, np.ndarray) else {id(child)}
+            if not child.flags.c_contiguous:  # a view of it is copied, not found
+                limits.setdefault("strided", []).append(chain)
+        keys = {id(child), id(_owner(child))} if _peek.is_a(child, np.ndarray) else {id(child)}
         for i in {i for k in keys for i in want.get(k, ())}:
             if len(candidates[i]) >= 4:
                 continue
@@ -300,7 +307,14 @@ def same_array(a: Any, b: Any) -> bool:
 
 
 def is_named(chain: Chain, named: set[str]) -> bool:
-    return all(_name(kind, k) in named for kind, k in chain if _name(kind, k) is not None)
+    """Whether every name ``chain`` reads by is one the code uses (a pytree node's
+    fields all are, where the code uses tree functions: `jaxdist._names.BY_TREE`)."""
+    by_tree = _names.BY_TREE in named
+    for kind, k in chain:
+        name = _name(kind, k)
+        if name is not None and name not in named and not (by_tree and kind == "child"):
+            return False
+    return True
 
 
 def _name(kind: str, key: Any) -> str | None:
@@ -314,8 +328,8 @@ def _same(child: Any, target: Any) -> bool:
     if child is target:
         return True
     return (  # a NumPy view of all of ``child``, as it is laid out
-        isinstance(child, np.ndarray)
-        and isinstance(target, np.ndarray)
+        _peek.is_a(child, np.ndarray)
+        and _peek.is_a(target, np.ndarray)
         and child.shape == target.shape
         and child.dtype == target.dtype
         and child.strides == target.strides
@@ -324,14 +338,14 @@ def _same(child: Any, target: Any) -> bool:
 
 
 def _owner(x: np.ndarray) -> Any:
-    while isinstance(x.base, np.ndarray):
+    while isinstance(x.base, np.ndarray):  # (NumPy arrays only: no user code)
         x = x.base
     return x.base if x.base is not None else x
 
 
 def _inside(view: Any, base: Any) -> bool:
     """Whether NumPy array ``view`` lies in the memory of NumPy array ``base``."""
-    if not (isinstance(view, np.ndarray) and isinstance(base, np.ndarray)):
+    if not (_peek.is_a(view, np.ndarray) and _peek.is_a(base, np.ndarray)):
         return False
     low, high = _bounds(view)
     base_low, base_high = _bounds(base)
@@ -355,7 +369,7 @@ def _view_spec(base: np.ndarray, view: np.ndarray) -> tuple:
 def _view(base: Any, spec: tuple) -> np.ndarray:
     """The same view of the array now at ``base``'s place (its new values too)."""
     offset, shape, strides, dtype, layout = spec
-    if not isinstance(base, np.ndarray) or (base.shape, base.strides, base.dtype.str) != layout:
+    if not _peek.is_a(base, np.ndarray) or (base.shape, base.strides, base.dtype.str) != layout:
         raise Gone("the array a view was taken of changed layout")
     return np.ndarray(shape, np.dtype(dtype), buffer=base, offset=offset, strides=strides)
 
@@ -449,7 +463,7 @@ _STEPS: dict[str, Callable[[Any, Any], Any]] = {
     "import": lambda o, k: sys.modules[k],
     "fattr": lambda o, k: o.__dict__[k],
     "deref": lambda o, k: o() if type(o) is weakref.ref else _gone(),
-    "flat": lambda o, k: o.ravel()[k] if isinstance(o, np.ndarray) else _gone(),
+    "flat": lambda o, k: o.ravel()[k] if _peek.is_a(o, np.ndarray) else _gone(),
     "stacked": lambda o, k: _child(o, k),
     "default": lambda o, k: o.__defaults__[k],
     "kwdefault": lambda o, k: o.__kwdefaults__[k],
@@ -458,4 +472,7 @@ _STEPS: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 
+# objects whose contents jaxdist cannot read without running code: what a step reads
+# through them is a constant of its trace (`jaxdist._watch` warns naming them)
+OPAQUE = (weakref.ProxyType, weakref.CallableProxyType, threading.local)
 WATCHED = (bool, int, float, complex, str, type(None), np.generic)  # compared by value

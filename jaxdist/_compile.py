@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdist import _inflight, _jax_internals
+from jaxdist import _inflight, _jax_internals, _watch
 from jaxdist._devices import AXIS, Replicas
 from jaxdist._jax_internals import trace_state_clean
 from jaxdist._layout import globalize
@@ -197,35 +197,48 @@ class StepCache:
     """Compiled steps per user function; entries die with the function."""
 
     def __init__(self) -> None:
-        self._weak: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # id(owner) -> (weak reference to it, its table): by identity, so that looking up
+        # runs none of the owner's code (``__hash__``, ``__eq__``) and two objects that
+        # compare equal keep programs of their own; the reference's callback drops it
+        self._weak: dict[int, tuple[weakref.ref, collections.OrderedDict]] = {}
         self._strong: collections.OrderedDict = collections.OrderedDict()
         self._builds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per function
         self._lock = threading.RLock()
 
-    def _table(self, owner: Any) -> dict:
-        if isinstance(owner, CodeKey):
+    def _table(self, owner: Any) -> collections.OrderedDict:
+        if type(owner) is CodeKey:
             return self._remember(owner, owner)
+        found = self._lookup(owner)
+        if found is not None:
+            return found
+        key = id(owner)
         try:
-            return self._weak.setdefault(owner, {})
+            ref = weakref.ref(owner, functools.partial(self._drop, key))
         except TypeError:  # not weakly referenceable: the bounded strong LRU
-            return self._remember(id(owner), owner)
+            return self._remember(key, owner)
+        table: collections.OrderedDict = collections.OrderedDict()
+        self._weak[key] = (ref, table)
+        return table
 
-    def _remember(self, key: Hashable, owner: Any) -> dict:
-        table = self._strong.setdefault(key, (owner, {}))[1]
+    def _drop(self, key: int, ref: weakref.ref) -> None:
+        entry = self._weak.get(key)
+        if entry is not None and entry[0] is ref:  # not a newer object with the same id
+            self._weak.pop(key, None)
+
+    def _remember(self, key: Hashable, owner: Any) -> collections.OrderedDict:
+        table = self._strong.setdefault(key, (owner, collections.OrderedDict()))[1]
         self._strong.move_to_end(key)
         while len(self._strong) > _STRONG_MAX:
             self._strong.popitem(last=False)
         return table
 
-    def _lookup(self, owner: Any) -> dict | None:
-        key: Hashable = owner
-        if not isinstance(owner, CodeKey):
-            try:
-                return self._weak.get(owner)
-            except TypeError:  # not weakly referenceable
-                key = id(owner)
+    def _lookup(self, owner: Any) -> collections.OrderedDict | None:
+        key: Hashable = owner if type(owner) is CodeKey else id(owner)
+        weak = self._weak.get(key) if type(key) is int else None
+        if weak is not None:
+            return weak[1] if weak[0]() is owner else None
         entry = self._strong.get(key)
-        if entry is None:
+        if entry is None or entry[0] is not owner and type(owner) is not CodeKey:
             return None
         try:
             self._strong.move_to_end(key)
@@ -245,7 +258,7 @@ class StepCache:
         it was traced with has changed) is passed over and a new one is built."""
         owner, sub = _owner(fn)
         try:  # the hot path: no lock, no new weak reference
-            variants = (self._lookup(owner) or {})[(sub, key)]
+            variants = (self._lookup(owner) or _NONE)[(sub, key)]
         except (KeyError, TypeError):
             variants = ()
         found = self._find(variants, inputs)
@@ -254,8 +267,12 @@ class StepCache:
         with self._lock:
             table = self._table(owner)
             variants = table.setdefault((sub, key), [])
+            table.move_to_end((sub, key))
+            while len(table) > _SIGNATURES:  # the least recently built signature goes
+                table.popitem(last=False)
             # a step of an object that cannot be weakly referenced (``__slots__``) is
             # only here, and another thread may have built this one meanwhile
+            _watch.note_decline("")
             found = self._find(variants, inputs)
             if found is not None:
                 return found
@@ -267,13 +284,13 @@ class StepCache:
                 )
             variants.insert(0, entry)
             del variants[_VARIANTS:]
-            if isinstance(owner, CodeKey):  # this function's traces, or its code's
+            if type(owner) is CodeKey:  # this function's traces, or its code's
                 self._builds[fn] = self._builds.get(fn, 0) + 1
                 counts: tuple = (self._builds[fn], len(variants))
             else:
                 counts = (self._count(table, sub),)
             if WARN_AT in counts:
-                _warn_retrace(fn, key)
+                _warn_retrace(fn, _watch.last_decline(), key)
             return entry, extra
 
     @staticmethod
@@ -288,15 +305,24 @@ class StepCache:
     def _count(table: dict, sub: Hashable) -> int:
         return sum(len(v) for (s, _), v in table.items() if s == sub)
 
+    def entries(self, fn: Callable) -> list:
+        """The cached entries of ``fn`` (of its code, for a plain function), newest first."""
+        owner, sub = _owner(fn)
+        with self._lock:
+            table: dict = self._lookup(owner) or {}
+            return [e for (s, _), v in reversed(table.items()) if s == sub for e in v]
+
     def size(self, fn: Callable) -> int:
         """How many compiled steps the cache holds for ``fn`` (its number of traces)."""
         owner, sub = _owner(fn)
         with self._lock:
-            if isinstance(owner, CodeKey):  # the traces this function object made
+            if type(owner) is CodeKey:  # the traces this function object made
                 return self._builds.get(fn, 0)
             return self._count(self._lookup(owner) or {}, sub)
 
 
+_NONE: dict = {}
+_SIGNATURES = 64  # argument signatures kept per object or code (least recent dropped)
 _VARIANTS = 8  # traces kept per argument signature (one per state the step was seen with)
 _STRONG_MAX = 128  # plain functions' code (and objects without weak references) kept
 
@@ -309,15 +335,16 @@ def _weakrefable(x: Any) -> bool:
         return False
 
 
-def _warn_retrace(fn: Callable, key: Hashable = None) -> None:
+def _warn_retrace(fn: Callable, reason: str, key: Hashable = None) -> None:
+    why = f" This trace was made because {reason}." if reason else ""
     if isinstance(key, tuple) and key and key[0] == "jd.function":
         warnings.warn(
             f"jd.function {describe(fn)!r} has been traced {WARN_AT} times (TF's retracing "
             "warning). Each new argument structure, shape or dtype, each new non-numeric "
             "Python value in its arguments, and each new value of a Python string, bool or "
             "function it reads from its object, closure or globals traces it again; Python "
-            "numbers are traced once. Keep argument shapes fixed (pad the last batch, or "
-            "drop it).",
+            f"numbers are traced once. Keep argument shapes fixed (pad the last batch, or "
+            f"drop it).{why}",
             stacklevel=5,
         )
         return
@@ -326,7 +353,7 @@ def _warn_retrace(fn: Callable, key: Hashable = None) -> None:
         "structure, shape or dtype, and each new non-numeric Python value (bool, str, None...) "
         "in args compiles a new step; Python numbers are traced. So does a new value of a "
         "Python number, string or function the step reads from its closure, globals or "
-        "object. Keep argument shapes fixed; pass changing numbers as arguments.",
+        "object. Keep argument shapes fixed; pass changing numbers as arguments." + why,
         stacklevel=5,
     )
 

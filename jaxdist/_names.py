@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import dis
 import functools
+import operator
 import os
 import sys
 import sysconfig
 import types
 import weakref
 from typing import Any
+
+from jaxdist import _peek
 
 
 @functools.lru_cache(maxsize=1024)
@@ -32,7 +35,7 @@ def global_names(code: types.CodeType) -> frozenset[str]:
     """
     names = {i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_OPS}
     for c in code.co_consts:
-        if isinstance(c, types.CodeType):
+        if _peek.is_a(c, types.CodeType):
             names |= global_names(c)
     return frozenset(names)
 
@@ -45,9 +48,9 @@ def _code_names(code: types.CodeType) -> set[str]:
     ``vars(t)["lr"]``, ``operator.attrgetter("lr")``)."""
     names = set(code.co_names)
     for c in code.co_consts:
-        if isinstance(c, types.CodeType):
+        if _peek.is_a(c, types.CodeType):
             names |= _code_names(c)
-        elif isinstance(c, str) and c.isidentifier():
+        elif _peek.is_a(c, str) and c.isidentifier():
             names.add(c)
     return names
 
@@ -74,7 +77,7 @@ def imported_modules(code: types.CodeType) -> frozenset[str]:
         elif i.opname == "IMPORT_FROM" and module is not None:
             out.add(f"{module}.{i.argval}")
     for c in code.co_consts:
-        if isinstance(c, types.CodeType):
+        if _peek.is_a(c, types.CodeType):
             out |= imported_modules(c)
     return frozenset(out)
 
@@ -82,15 +85,24 @@ def imported_modules(code: types.CodeType) -> frozenset[str]:
 @functools.lru_cache(maxsize=1024)
 def code_names(code: types.CodeType) -> frozenset[str]:
     """The global and attribute names a code object (and the code nested in it) uses;
-    `BY_NAME` among them when it is the program's own code (not the standard library,
-    an installed package or jaxdist) and reads attributes by a computed name."""
+    `BY_TREE` among them when it calls tree functions, `BY_NAME` when it is the
+    program's own code (not the standard library, an installed package or jaxdist) and
+    reads attributes by a computed name."""
     names = _code_names(code)
     if reads_by_name(code) and _users(code.co_filename):
         names.add(BY_NAME)
+    if names & _TREE_FUNCTIONS:
+        names.add(BY_TREE)
     return frozenset(names)
 
 
 BY_NAME = "<by name>"  # not an identifier: never an attribute's name
+# the code calls tree functions (``jax.tree.leaves(hp)``): every field of a pytree node
+# it reaches by a name it uses may be read
+BY_TREE = "<by tree>"
+_TREE_FUNCTIONS = frozenset(
+    ("tree", "tree_util", "tree_leaves", "tree_map", "tree_flatten", "tree_reduce", "leaves")
+)
 
 
 def _users(filename: str) -> bool:
@@ -135,7 +147,7 @@ def reads_by_name(code: types.CodeType) -> bool:
     """
     if set(code.co_names) & _BY_NAME:
         return True
-    return any(isinstance(c, types.CodeType) and reads_by_name(c) for c in code.co_consts)
+    return any(_peek.is_a(c, types.CodeType) and reads_by_name(c) for c in code.co_consts)
 
 
 _BY_NAME = frozenset(("getattr", "vars", "attrgetter", "__dict__"))
@@ -144,21 +156,63 @@ _BY_NAME = frozenset(("getattr", "vars", "attrgetter", "__dict__"))
 def add_names(obj: Any, named: set[str]) -> None:
     """Adds to ``named`` the names a function's code uses, or those of ``obj``'s methods
     that ``named`` names."""
-    if isinstance(obj, types.FunctionType):
+    if _peek.is_a(obj, types.FunctionType):
         named |= code_names(obj.__code__)
+    elif type(obj) in (operator.attrgetter, operator.methodcaller):
+        named |= _getter_names(obj)
     else:
         _add_method_names(obj, named)
+
+
+def _getter_names(getter: Any) -> set[str]:
+    """The attribute names an ``operator.attrgetter`` (``"lr"``, ``"opt.lr"``) or the
+    method name an ``operator.methodcaller`` made anywhere reads (its C-level
+    ``__reduce__``: no user code).
+
+    >>> sorted(_getter_names(operator.attrgetter("lr", "opt.beta")))
+    ['beta', 'lr', 'opt']
+    """
+    reduced = getter.__reduce__()
+    args = reduced[1] if type(getter) is operator.attrgetter else (getter.__reduce__()[1][:1])
+    if type(reduced[0]) is functools.partial:  # a methodcaller with keyword arguments
+        args = reduced[0].args[:1]
+    names = {part for a in args if type(a) is str for part in a.split(".")}
+    return {n for n in names if n.isidentifier()}
 
 
 def _add_method_names(obj: Any, named: set[str]) -> None:
     """Adds to ``named`` the names used by the methods and properties of ``obj``'s class
     that ``named`` names (``self.scale()`` reading ``self.lr``), until none is new."""
-    methods = _methods(obj if isinstance(obj, type) else type(obj))
-    todo = [m for m in methods if m in named]
+    methods = _methods(obj if _peek.is_a(obj, type) else type(obj))
+    todo = [m for m in methods if m in named or _by_syntax(m)]
     while todo:
         new = methods[todo.pop()] - named
         named |= new
         todo += [m for m in new if m in methods]
+
+
+def _by_syntax(name: str) -> bool:
+    """A method Python calls for syntax on an object (``t.fn(x)``: ``__call__``; ``a +
+    b``: ``__add__``; ``v[i]``: ``__getitem__``), not by a name the code uses.
+
+    >>> _by_syntax("__call__"), _by_syntax("__radd__"), _by_syntax("__init__")
+    (True, True, False)
+    """
+    if name in _SYNTAX:
+        return True
+    return name[:3] in ("__r", "__i") and f"__{name[3:]}" in _SYNTAX
+
+
+# (not the comparisons: a dataclass's generated ``__eq__`` names every field, and a step
+# compares numbers, not its state's objects)
+_SYNTAX = frozenset(
+    f"__{n}__"
+    for n in (
+        "call getitem contains len iter next bool float int index array jax_array "
+        "add sub mul truediv floordiv mod pow matmul lshift rshift and or xor "
+        "neg pos abs invert enter exit"
+    ).split()
+)
 
 
 def _methods(cls: type) -> dict[str, frozenset[str]]:
@@ -172,11 +226,11 @@ def _methods(cls: type) -> dict[str, frozenset[str]]:
         if klass.__module__ == "builtins":
             continue
         for name, attr in list(vars(klass).items()):
-            if isinstance(attr, property):
+            if _peek.is_a(attr, property):
                 attr = attr.fget
-            elif isinstance(attr, (staticmethod, classmethod)):
+            elif _peek.is_a(attr, (staticmethod, classmethod)):
                 attr = attr.__func__
-            if isinstance(attr, types.FunctionType):
+            if _peek.is_a(attr, types.FunctionType):
                 out[name] = code_names(attr.__code__)
     try:
         _METHODS[cls] = out

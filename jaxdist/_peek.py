@@ -18,6 +18,27 @@ import types
 import weakref
 from typing import Any
 
+import jax
+
+
+def is_a(obj: Any, kinds: Any) -> bool:
+    """``isinstance(obj, kinds)`` by ``obj``'s type alone: ``isinstance`` reads
+    ``obj.__class__`` where the type does not match, through a class's own
+    ``__getattribute__`` (user code).
+
+    >>> class Nosy:
+    ...     def __getattribute__(self, name):
+    ...         raise RuntimeError("user code")
+    >>> is_a(Nosy(), dict), is_a({}, dict)
+    (False, True)
+    """
+    kind = type(obj)
+    if issubclass(kind, kinds):
+        return True
+    # a JAX tracer is a `jax.Array` by JAX's own instance check (not a subclass): JAX's
+    # objects run no user code
+    return issubclass(kind, jax.core.Tracer) and isinstance(obj, kinds)
+
 
 class Gone(Exception):
     """The value a chain led to is no longer there (the step's state changed shape)."""
@@ -32,9 +53,9 @@ def is_container(obj: Any) -> bool:
     >>> is_container(types.MappingProxyType({"w": 1})), is_container("text")
     (True, False)
     """
-    if isinstance(obj, (*_SEQUENCES, dict)):
+    if is_a(obj, (*_SEQUENCES, dict)):
         return True
-    return type(obj) is types.MappingProxyType and isinstance(_mapped(obj), dict)
+    return type(obj) is types.MappingProxyType and is_a(_mapped(obj), dict)
 
 
 def items(obj: Any) -> list[tuple[Any, Any]]:
@@ -46,10 +67,10 @@ def items(obj: Any) -> list[tuple[Any, Any]]:
     >>> items(Lazy(w=1))
     [('w', 1)]
     """
-    if isinstance(obj, dict):
+    if is_a(obj, dict):
         return list(dict.items(obj))
     for base in _SEQUENCES:
-        if isinstance(obj, base):
+        if is_a(obj, base):
             return list(enumerate(base.__iter__(obj)))  # type: ignore[arg-type]
     return list(dict.items(_mapped(obj)))
 
@@ -57,7 +78,7 @@ def items(obj: Any) -> list[tuple[Any, Any]]:
 def item(obj: Any, key: Any) -> Any:
     """``obj[key]`` by the built-in container's own lookup (not a subclass's)."""
     for base in (dict, *_SEQUENCES):
-        if isinstance(obj, base):
+        if is_a(obj, base):
             return base.__getitem__(obj, key)  # type: ignore[operator,index]
     if type(obj) is types.MappingProxyType:
         return dict.__getitem__(_mapped(obj), key)
@@ -80,6 +101,15 @@ def type_lookup(cls: type, name: str) -> Any:
 
 
 _MISSING = object()
+
+
+def _lookup(cls: type, name: str) -> Any:
+    """`type_lookup`, `_MISSING` where no class defines ``name`` (not None)."""
+    for klass in cls.__mro__:
+        found = klass.__dict__.get(name, _MISSING)
+        if found is not _MISSING:
+            return found
+    return _MISSING
 
 
 def instance_dict(obj: Any) -> dict | None:
@@ -124,17 +154,17 @@ def safe_getattr(obj: Any, name: str) -> Any:
     """``obj.name`` where it is a plain value: the instance's own (or a slot's), else the
     class's data; AttributeError where reading it would run code (a property, a
     ``__getattr__``)."""
-    if isinstance(obj, type):
-        found = type_lookup(obj, name)
-        if found is None or hasattr(type(found), "__get__"):
+    if is_a(obj, type):
+        found = _lookup(obj, name)
+        if found is _MISSING or hasattr(type(found), "__get__"):
             raise AttributeError(name)
         return found
     own = instance_dict(obj)
     if own is not None and name in own:
         return own[name]
-    found = type_lookup(type(obj), name)
+    found = _lookup(type(obj), name)
     if type(found) is types.MemberDescriptorType:  # a slot (raises if unset)
         return found.__get__(obj, type(obj))
-    if found is None or hasattr(type(found), "__get__"):
+    if found is _MISSING or hasattr(type(found), "__get__"):
         raise AttributeError(name)
-    return found
+    return found  # class data (``None`` included: a dataclass field's default)

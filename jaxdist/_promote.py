@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextvars
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,6 +32,9 @@ from jaxdist import _capture, _peek
 from jaxdist._capture import Chain
 
 _MAX_CODES = 256
+# held while a call reads the numbers of a step's state and stores those it computes
+# from them (`jaxdist._stage.Staged.inputs`): two threads counting lose no count
+LOCK = threading.RLock()
 _PROMOTED: collections.OrderedDict = collections.OrderedDict()  # code -> {chain}
 _STATIC: collections.OrderedDict = collections.OrderedDict()  # code -> {chain}
 
@@ -89,8 +93,14 @@ def promoted(fn: Callable) -> tuple[Chain, ...]:
 
 
 def spec(value: Any) -> jax.ShapeDtypeStruct:
-    """The abstract value JAX gives a Python number passed as an argument (weak type)."""
-    aval = jax.typeof(value)
+    """The abstract value JAX gives a Python number of ``value``'s type passed as an
+    argument (weak type; by type only: an int past int32 is traced as one, its written
+    values computed on the host, `jaxdist._hostnum`).
+
+    >>> spec(3_000_000_000).dtype == spec(1).dtype
+    True
+    """
+    aval = jax.typeof(type(value)(0))
     return jax.ShapeDtypeStruct((), aval.dtype, weak_type=True)
 
 
@@ -103,11 +113,11 @@ def writable(fn: Callable, chain: Chain) -> bool:
     except _capture.Gone:
         return False
     if kind == "item":
-        return type(parent) in (dict, list) or isinstance(parent, (dict, list))
+        return type(parent) in (dict, list) or _peek.is_a(parent, (dict, list))
     if kind == "attr":
         return _peek.instance_dict(parent) is not None
     if kind == "getattr":
-        return isinstance(parent, type)
+        return _peek.is_a(parent, type)
     return True
 
 
@@ -118,7 +128,7 @@ def put(fn: Callable, chain: Chain, value: Any) -> None:
 
 
 def _set_item(parent: Any, key: Any, value: Any) -> None:
-    (dict.__setitem__ if isinstance(parent, dict) else list.__setitem__)(parent, key, value)
+    (dict.__setitem__ if _peek.is_a(parent, dict) else list.__setitem__)(parent, key, value)
 
 
 _SETTERS: dict[str, Callable[[Any, Any, Any], None]] = {

@@ -20,6 +20,7 @@ NumPy array computed from NumPy state a warning.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,7 +29,7 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
-from jaxdist import _assign, _capture, _jax_internals, _promote, _watch
+from jaxdist import _assign, _capture, _hostnum, _jax_internals, _placed, _promote, _watch
 from jaxdist._frozen import check_not_stacked
 from jaxdist._jax_internals import nested_consts
 from jaxdist._layout import is_tracer
@@ -80,7 +81,7 @@ def _warn_unfound_arrays(fn: Callable, unfound: list) -> None:
     )
 
 
-def _warn_numpy_copies(fn: Callable, unfound: list) -> None:
+def _warn_numpy_copies(fn: Callable, unfound: list, strided: list) -> None:
     """Warns once per trace where a step whose state holds NumPy arrays made a NumPy
     array jaxdist cannot trace back to it (``np.exp(self.w)``, a view of a Fortran-ordered
     or strided array that JAX copied): it stays a constant of the program."""
@@ -88,6 +89,8 @@ def _warn_numpy_copies(fn: Callable, unfound: list) -> None:
     if not copies:
         return
     what = ", ".join(f"{c.dtype}{list(c.shape)}" for c in copies[:3])
+    if strided:
+        what += f"; perhaps views of {', '.join(strided[:3])} (not C-contiguous: copied)"
     warnings.warn(
         f"The step {describe(fn)} reads NumPy arrays from its state and computed "
         f"{len(copies)} NumPy array(s) ({what}) that are not in it (np.exp(self.w), "
@@ -188,8 +191,7 @@ class Staged:
         self._jaxpr = closed.jaxpr
         chains = [*self._numbers, *(c for c, *_ in self._swaps), *(c for _, c, *_ in self._lifted)]
         self._fetcher = _capture.Fetcher(chains)
-        self._arrays = [(s, d) for _, s, d in self._swaps] + [(s, d) for *_, s, d in self._lifted]
-        self._placed: list = [None] * len(self._arrays)
+        self._array_checks = [*self._swaps, *((c, s, d) for _, c, s, d in self._lifted)]
         self._fresh = True
         self.num_inputs = len(chains)
 
@@ -209,7 +211,8 @@ class Staged:
             check_not_stacked(fn, chains[: len(consts)], consts)
         unfound = [c for c, ch in zip(consts, chains) if ch is None and c is not None]
         if limits.get("numpy") or any(isinstance(c, np.ndarray) for c in nested):
-            _warn_numpy_copies(fn, unfound + nested)
+            strided = [_watch.describe(fn, c) for c in limits.get("strided", [])]
+            _warn_numpy_copies(fn, unfound + nested, strided)
         if not limits.get("truncated"):  # (`locate_all` has warned then)
             _warn_unfound_arrays(fn, [c for c in unfound if id(c) in before] + nested)
         lifted = [(i, c) for i, c in enumerate(chains[: len(consts)]) if c is not None]
@@ -252,19 +255,27 @@ class Staged:
         return swaps, kept
 
     def _trace(
-        self, fn: Callable, body: Callable, examples: Sequence, axis_env: Any, numbers, swaps
+        self,
+        fn: Callable,
+        body: Callable,
+        examples: Sequence,
+        axis_env: Any,
+        numbers,
+        swaps=(),
+        fallback: bool = True,
     ):
-        """``body`` traced with the numbers at ``numbers`` and the arrays at ``swaps`` as
-        inputs after ``examples`` (numbers none where the step needs their values); the
-        trace and the numbers used."""
+        """``body`` traced with the arrays at ``swaps`` and the numbers at ``numbers`` as
+        inputs after ``examples`` (numbers whose values the step needs static, unless not
+        ``fallback``: then it raises); the trace and the numbers used. The numbers are the
+        last inputs and the numbers the step wrote the last outputs (`jaxdist._hostnum`)."""
         self._written: list = []
         self._assigned: list = []
         chains = [c for c, _ in swaps]
 
         def traced(*args: Any) -> list:
             k = len(args) - len(numbers) - len(swaps)
-            mine = args[k + len(numbers) :]
-            with _promote.Swapped(fn, numbers, args[k : k + len(numbers)]) as swap:
+            mine, nums = args[k : k + len(swaps)], args[k + len(swaps) :]
+            with _promote.Swapped(fn, numbers, nums) as swap:
                 with _assign.Swapped(fn, chains, list(mine)) as arrays:
                     before = _assign.snapshot(fn) if self._writes else {}
                     try:
@@ -279,18 +290,19 @@ class Staged:
                         raise _stored_tracer(fn, where)
                     extra = self._take_assigned(fn, before, set(numbers)) if self._writes else []
             self._written = swap.written
-            return outs + [jax.numpy.asarray(v) for _, v in swap.written] + extra
+            return outs + extra + [jax.numpy.asarray(v) for _, v in swap.written]
 
-        specs = [_promote.spec(_capture.fetch(fn, c)) for c in numbers]
-        specs += [_spec(a) for _, a in swaps]
+        specs = [_spec(a) for _, a in swaps]
+        specs += [_promote.spec(_capture.fetch(fn, c)) for c in numbers]
         make = jax.make_jaxpr(traced, axis_env=axis_env or [])
         if not numbers:
             return make(*examples, *specs), ()
+        if not fallback:
+            return make(*examples, *specs), tuple(numbers)
         try:
             return make(*examples, *specs), tuple(numbers)
         except Exception:  # noqa: BLE001 - the step needs a number's value: keep it static
-            _promote.make_static(fn, numbers)
-            return self._trace(fn, body, examples, axis_env, (), swaps)
+            return self._trace_static(fn, body, examples, axis_env, numbers, swaps)
 
     def _take_assigned(self, fn: Callable, before: dict, skip: set) -> list:
         """What the traced function assigned into its state (``self.params = new``): the
@@ -308,16 +320,37 @@ class Staged:
         _assign.restore(fn, [(chain, old) for chain, old, _ in places])
         return out
 
+    def _trace_static(
+        self, fn: Callable, body: Callable, examples: Sequence, axis_env, numbers, swaps
+    ):
+        """The trace where the step needs some numbers' values (``range(self.n)``): the
+        first number whose value alone makes the trace work stays static, the others
+        inputs; all static where no single one does (or the step fails anyway)."""
+        for chain in numbers if len(numbers) > 1 else ():
+            rest = tuple(c for c in numbers if c != chain)
+            try:
+                found = self._trace(fn, body, examples, axis_env, rest, swaps, fallback=False)
+            except Exception:  # noqa: BLE001 - not this one alone
+                continue
+            _promote.make_static(fn, [chain])
+            return found
+        _promote.make_static(fn, numbers)
+        return self._trace(fn, body, examples, axis_env, (), swaps)
+
     def evaluate(self, *args: Any) -> list:
-        """The program: the traced body on ``args``, the numbers, the captured inputs."""
+        """The program: the traced body on ``args``, then the state's inputs in the order
+        `inputs` gives them (numbers, arrays put in place, captured arrays) and the fed
+        arrays (the jaxpr takes the numbers last)."""
         k = len(args) - len(self._lifted) - self._n_fed
-        consts = list(self._consts)  # the traced inputs first (numbers and swaps among them)
+        consts = list(self._consts)
         for (i, *_), v in zip(self._lifted, args[k:]):
             consts[i] = v
         fed = args[len(args) - self._n_fed :]
         for i, j in self._fed:
             consts[i] = fed[j]
-        return jaxpr_as_fun(ClosedJaxpr(self._jaxpr, consts))(*args[:k])
+        n, s = len(self._numbers), len(self._swaps)
+        head, nums, swaps = args[: k - n - s], args[k - n - s : k - s], args[k - s : k]
+        return jaxpr_as_fun(ClosedJaxpr(self._jaxpr, consts))(*head, *swaps, *nums)
 
     def overwritten(self) -> list[int]:
         """The indices, among the inputs after the step's arguments, of the arrays read
@@ -331,54 +364,121 @@ class Staged:
         ]
 
     def write_back(self, fn: Callable, outs: list) -> None:
-        """Stores what the step wrote in its state: the Python numbers it changed, and
-        (``writes``) the values it assigned (outputs after its own, in that order)."""
+        """Stores what the step wrote in its state: (``writes``) the values it assigned,
+        and the numbers it wrote that were computed on the device (the last outputs);
+        those computed on the host (`jaxdist._hostnum`) were stored by `inputs`, and
+        nothing waits for the device for them."""
+        end = len(outs) - len(self._written)
+        pending = [j for j in range(len(self._written)) if j not in self._plan.host]
+        if pending:
+            tail = outs[end:]
+            written = [self._written[j] for j in pending]
+            _promote.write_back(fn, self._numbers, written, [tail[j] for j in pending])
         n = sum(sum(1 for x in leaves if x is None) for _, _, leaves in self._assigned)
-        end = len(outs) - n
-        if self._written:
-            tail = outs[end - len(self._written) : end]
-            _promote.write_back(fn, self._numbers, self._written, tail)
-        it = iter(outs[end:])
+        it = iter(outs[end - n : end])
         for chain, treedef, leaves in self._assigned:
             value = treedef.unflatten([next(it) if x is None else x for x in leaves])
             _assign.replace(fn, chain, value)
 
+    @functools.cached_property
+    def _plan(self) -> _hostnum.HostPlan:
+        first = len(self._jaxpr.invars) - len(self._numbers)
+        return _hostnum.plan(self._jaxpr, first, range(len(self._written)))
+
     def inputs(self, fn: Callable, place: Callable[[Any], Any] | None = None) -> list | None:
         """The captured arrays now, or None when ``fn``'s state no longer fits this trace
-        (a watched number changed, an array changed shape or dtype, or moved).
+        (a watched number changed, an array changed shape or dtype, or moved); `reason`
+        then says which check failed, naming the value.
 
         ``place`` puts a JAX array where the program reads it; the placed copy is kept
         while the state holds the same array (JAX arrays are immutable), so unchanged
         state is not copied again on every call. NumPy arrays are placed every call
-        (they can change in place).
+        (they can change in place). The numbers the step writes that the host computes
+        (`jaxdist._hostnum`) are stored here, in the same critical section as the read
+        of the numbers they are computed from (two threads counting lose no count).
         """
         fresh, self._fresh = self._fresh, False  # the call that traced it ran the step
+        with _promote.LOCK:
+            out, self.reason = self._current(fn, fresh)
+            if out is None:
+                _watch.note_decline(self.reason)
+                return None
+            p = len(self._numbers)
+            if place is not None:
+                out[p:] = [self._place(k, v, place) for k, v in enumerate(out[p:])]
+        return out
+
+    def _current(self, fn: Callable, fresh: bool) -> tuple[list | None, str]:
+        """The values read now, or None and why they do not fit this trace."""
         if captured_ids(fn, self._strict) != self._captured:
-            return None
+            return None, "it captures other objects (a closure cell or default argument)"
         if self._watched and not fresh and self._checker.changed(fn):
             if self._promote:
                 _promote.remember(fn, _watch.moved_numbers(fn, self._watched))
-            return None
+            return None, _watch.what_changed(fn, self._watched)
         try:
             out = self._fetcher.values(fn)
-        except _capture.Gone:
-            return None
+        except _capture.Gone as e:
+            return None, f"a value it read is no longer there ({e})"
         p = len(self._numbers)
-        if any(type(n) is not kind for n, kind in zip(out, self._types)):
-            return None
-        for v, (shape, dtype) in zip(out[p:], self._arrays):
+        for n, kind, chain in zip(out, self._types, self._numbers):
+            if type(n) is not kind:
+                where = _watch.describe(fn, chain)
+                return None, f"{where} is now a {type(n).__name__}, not a {kind.__name__}"
+        for v, (chain, shape, dtype) in zip(out[p:], self._array_checks):
             if not _is_array(v) or v.shape != shape or v.dtype != dtype:
-                return None
+                now = f"{v.dtype}{list(v.shape)}" if _is_array(v) else type(v).__name__
+                return None, (
+                    f"{_watch.describe(fn, chain)} is now {now}, not {dtype}{list(shape)}"
+                )
         if self._aliases and not self._same_aliases(fn, out[p + len(self._swaps) :]):
-            return None
-        if place is not None:
-            out[p:] = [self._place(k, v, place) for k, v in enumerate(out[p:])]
+            return None, "two names that held one array when it was traced now hold two"
         for chain in self._outs.values():
             try:
                 _capture.fetch(fn, chain)
             except _capture.Gone:
-                return None
-        return out
+                return None, f"{_watch.describe(fn, chain)}, which it returns, is gone"
+        if self._numbers:
+            wide = self._store_numbers(fn, out)
+            if wide:
+                return None, wide
+        return out, ""
+
+    def _store_numbers(self, fn: Callable, out: list) -> str:
+        """Stores the written numbers the host computes (Python's arithmetic, from the
+        numbers in ``out``); numbers only the host reads go to the device as zeros. An
+        integer the device computes with that is past int32 (where it would wrap) makes
+        the step's integers part of its trace instead, with a warning: why, or ""."""
+        values, wide = self._plan.run(out[: len(self._numbers)])
+        if wide:
+            return self._too_wide(fn, out)
+        for j, value in zip(self._plan.host, values):
+            _promote.put(fn, self._numbers[self._written[j][0]], value)
+        for i in range(len(self._numbers)):
+            if i not in self._plan.device:
+                out[i] = type(out[i])(0)
+        return ""
+
+    def _too_wide(self, fn: Callable, out: list) -> str:
+        if self._wide:  # warned once: this trace is not used again
+            return self._wide
+        ints = [i for i in sorted(self._plan.device) if type(out[i]) is int]
+        chains = [self._numbers[i] for i in ints]
+        _promote.make_static(fn, chains)
+        what = ", ".join(f"{_watch.describe(fn, c)} = {out[i]}" for i, c in zip(ints, chains))
+        warnings.warn(
+            f"The step {describe(fn)} computes on the device with an integer past int32 "
+            f"(JAX without x64), from {what}: the device would wrap it, so these are part "
+            "of the trace from now on (each new value traces again; JAX refuses a Python "
+            "int past int32 in an array operation). Pass it to strategy.run as an argument "
+            "if it changes on every call, or compute with it in Python.",
+            RuntimeWarning,
+            stacklevel=6,
+        )
+        self._wide = f"{what} computes past int32 on the device"
+        return self._wide
+
+    _wide = ""
 
     def _same_aliases(self, fn: Callable, values: list) -> bool:
         for k, chain in self._aliases:
@@ -392,12 +492,21 @@ class Staged:
     def _place(self, k: int, v: Any, place: Callable[[Any], Any]) -> Any:
         if not isinstance(v, jax.Array):
             return place(v)
-        last = self._placed[k]
-        if last is not None and last[0] is v:
-            return last[1]
-        placed = place(v)
-        self._placed[k] = (v, placed)
-        return placed
+        return _placed.placed(v, place)
+
+    def state(self, fn: Callable) -> dict[str, list[str]]:
+        """What this trace reads of ``fn``'s state, as Python names it (`explain`)."""
+        name = functools.partial(_watch.describe, fn)
+        host = {self._written[j][0] for j in self._plan.host}
+        return {
+            "arrays": [name(c) for c, *_ in self._array_checks],
+            "numbers": [name(c) for c in self._numbers],
+            "written": [
+                name(self._numbers[i]) + (" (Python's arithmetic)" if i in host else "")
+                for i, _ in self._written
+            ],
+            "checked": [_watch.shown(fn, w) for w in self._watched],
+        }
 
     def output(self, fn: Callable, value: Any) -> Any:
         """An untraced output ``value`` of the trace, as ``fn``'s state holds it now."""

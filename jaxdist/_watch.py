@@ -9,9 +9,12 @@ The walk from the step function to its state is `jaxdist._capture`'s.
 
 from __future__ import annotations
 
+import collections
 import functools
+import threading
 import types
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,7 +29,7 @@ def leaked(fn: Callable) -> str | None:
     """Where ``fn``'s state holds a JAX tracer (a value the step computed and stored,
     ``self.w = self.w + g``), as Python would name it; None if nowhere."""
     for chain, child in _capture.walk(fn, set()):
-        if isinstance(child, jax.core.Tracer):
+        if _peek.is_a(child, jax.core.Tracer):
             return describe(fn, chain)
     return None
 
@@ -62,7 +65,7 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
     the program, so they are compared by value, a copy being kept). Identity: functions
     and other callables that are not objects of a Python class (``jnp.tanh``, a jitted
     function). Class: other objects (``self.loss = Huber()`` in place of ``MSE()``).
-    Size: lists, dicts and partials (an entry added to what the step iterates over).
+    Size: lists, tuples, deques, dicts and partials (an entry added to what the step iterates over).
     Values under dict keys that the code names come first in the bound.
 
     >>> box = {"lr": 0.1}
@@ -78,16 +81,19 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
     named: set[str] = set()
     libraries = []  # modules of the standard library and installed packages
     limits: dict = {}
+    opaque = []
     for chain, value in list(_capture.walk(fn, named, limits)):
-        if isinstance(value, types.ModuleType) and not _capture.user_module(value):
+        if _peek.is_a(value, _capture.OPAQUE):
+            opaque.append(chain)
+        if _peek.is_a(value, types.ModuleType) and not _capture.user_module(value):
             libraries.append((chain, value))
-        if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype != object:
+        if _peek.is_a(value, np.ndarray) and value.ndim == 0 and value.dtype != object:
             out.append((chain, value.copy(), "value"))
-        elif type(value) in _EXACT or isinstance(value, np.generic):
+        elif type(value) in _EXACT or _peek.is_a(value, np.generic):
             out.append((chain, value, "value"))
-        elif isinstance(value, (list, dict, functools.partial)):
+        elif _peek.is_a(value, (list, dict, functools.partial, tuple, collections.deque)):
             out.append((chain, _size(value), "size"))  # an entry more: ``for w in self.ws``
-        elif isinstance(value, _PARTS):
+        elif _peek.is_a(value, _PARTS):
             continue  # arrays are inputs; tuples, methods: their parts
         elif _tree_def(value) is not None:  # a pytree node (an nnx.Param): its structure
             out.append((chain, _tree_def(value), "tree"))
@@ -96,12 +102,13 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
         elif type(value) is types.FunctionType:  # the same code over the same captures
             out.append((chain, function_key(value), "code"))
         elif callable(value):
-            out.append((chain, value, "ident"))
+            out.append(_identity(chain, value))
     out += _library_values(libraries, named)
     keys = named | _code_strings(fn)
     by_name = _names.BY_NAME in named
     out = [w for w in out if _capture.is_named(w[0], named) or (by_name and _by_name(fn, w, named))]
     out.sort(key=lambda w: (not all(k in keys for kind, k in w[0] if kind == "item"), _ORDER[w[2]]))
+    _warn_opaque(fn, [c for c in opaque if _capture.is_named(c, named)])
     if limits.get("truncated"):
         warnings.warn(
             f"jaxdist looked at {_capture.MAX_NODES:,} objects reachable from the step "
@@ -121,6 +128,35 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
             stacklevel=6,
         )
     return tuple(out[:_MAX_WATCHED])
+
+
+def _warn_opaque(fn: Callable, chains: list) -> None:
+    """Warns naming the proxies and thread-locals the step reaches by names it uses:
+    what it reads through them is a constant of the trace (reading them would run code)."""
+    if not chains:
+        return
+    where = ", ".join(
+        f"{describe(fn, c)} ({type(_capture.fetch(fn, c)).__name__})" for c in chains[:3]
+    )
+    warnings.warn(
+        f"The step {getattr(fn, '__qualname__', fn)!r} reaches {where}: jaxdist cannot look "
+        "through a weakref.proxy or a threading.local without running code, so the arrays "
+        "and numbers the step reads through it keep the values they had when it was "
+        "traced. Keep the state itself on the object (or a weakref.ref, which is read), or "
+        "pass it to strategy.run as an argument.",
+        RuntimeWarning,
+        stacklevel=6,
+    )
+
+
+def _identity(chain: Chain, value: Any) -> tuple[Chain, Any, str]:
+    """A callable watched by identity, held weakly where it can be (a jitted bound
+    method of the step's object, ``self.act = jax.jit(self._act)``, would keep the
+    object alive through the compile cache)."""
+    try:
+        return chain, weakref.ref(value), "weak"
+    except TypeError:
+        return chain, value, "ident"
 
 
 def _library_values(libraries: list, named: set[str]) -> list:
@@ -159,7 +195,7 @@ def _tree_def(value: Any) -> Any:
     as a new object of the same structure (``self.params`` after an update) is the same
     to a trace; its arrays are inputs."""
     leaf = (jax.Array, np.ndarray, Iterator, types.FunctionType, types.BuiltinFunctionType)
-    if isinstance(value, (*leaf, *WATCHED_SCALARS)):
+    if _peek.is_a(value, (*leaf, *WATCHED_SCALARS)):
         return None  # (generators and iterators are leaves: JAX warns on them)
     try:
         kids, treedef = jax.tree_util.tree_flatten(value, is_leaf=lambda x: x is not value)
@@ -173,15 +209,15 @@ WATCHED_SCALARS = (bool, int, float, complex, str, type(None), np.generic)
 
 def _plain_callable(value: Any) -> bool:
     """A function, method, partial or other callable that is not a user object."""
-    if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
+    if _peek.is_a(value, (types.FunctionType, types.MethodType, functools.partial)):
         return True
     defined = [c.__dict__["__call__"] for c in type(value).__mro__ if "__call__" in c.__dict__]
-    return callable(value) and not (defined and isinstance(defined[0], types.FunctionType))
+    return callable(value) and not (defined and _peek.is_a(defined[0], types.FunctionType))
 
 
 def _code_strings(fn: Callable) -> set:
     code = getattr(getattr(fn, "__func__", fn), "__code__", None)
-    return set() if code is None else {c for c in code.co_consts if isinstance(c, str)}
+    return set() if code is None else {c for c in code.co_consts if _peek.is_a(c, str)}
 
 
 _PARTS = (
@@ -198,7 +234,7 @@ _PARTS = (
 _EXACT = frozenset((bool, int, float, complex, str, type(None)))  # not subclasses: no __eq__
 _MAX_WATCHED = 4096  # about 2 ms a call to check (`Checker`), past it a warning
 # numbers first in the bound
-_ORDER = {"value": 0, "size": 1, "ident": 2, "code": 2, "tree": 3, "type": 3}
+_ORDER = {"value": 0, "size": 1, "ident": 2, "weak": 2, "code": 2, "tree": 3, "type": 3}
 
 
 def function_key(fn: Callable, strict: bool = False, depth: int = 0) -> tuple:
@@ -231,7 +267,7 @@ def function_key(fn: Callable, strict: bool = False, depth: int = 0) -> tuple:
 
 
 def _captured_key(value: Any, strict: bool, depth: int) -> Any:
-    if not strict and isinstance(value, _FRESH):
+    if not strict and _peek.is_a(value, _FRESH):
         return type(value)
     if depth >= _MAX_DEPTH:
         return id(value)
@@ -282,7 +318,75 @@ def _differs(now: Any, value: Any, how: str) -> bool:
         return _size(now) != value
     if now is value:
         return False
+    if how == "weak":  # a dead reference: the object it was is gone, so changed
+        return value() is not now
     return how == "ident" or type(now) is not type(value) or not _equal(now, value)
+
+
+def what_changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> str:
+    """The first value recorded by `watch` that moved, as Python names it, and how.
+
+    >>> box = {"mode": "a"}
+    >>> step = lambda x: box["mode"]
+    >>> seen = watch(step)
+    >>> box["mode"] = "b"
+    >>> what_changed(step, seen)
+    "box['mode'] changed ('a' -> 'b')"
+    """
+    for chain, value, how in watched:
+        try:
+            now = _capture.fetch(fn, chain)
+        except _capture.Gone:
+            return f"{describe(fn, chain[:-1]) or 'a value it read'} no longer holds what it read"
+        if now is value or not _differs(now, value, how):
+            continue
+        where = describe(fn, chain)
+        if how == "value":
+            return f"{where} changed ({value!r} -> {now!r})"
+        if how == "size":
+            return f"{where} changed size ({value} -> {_size(now)})"
+        if how == "type":
+            return f"{where} is now a {type(now).__name__}, not a {value.__name__}"
+        return f"{where} is another object"
+    return "a value it read changed"
+
+
+def shown(fn: Callable, watched: tuple[Chain, Any, str]) -> str:
+    """One value recorded by `watch`, as the check it stands for.
+
+    >>> box = {"mode": "a"}
+    >>> step = lambda x: box["mode"]
+    >>> [shown(step, w) for w in watch(step)]
+    ["box['mode'] == 'a'", 'len(box) == 1']
+    """
+    chain, value, how = watched
+    where = describe(fn, chain) or "the step's function"
+    if how == "size":
+        return f"len({where}) == {value}"
+    if how == "type":
+        return f"type({where}) is {value.__qualname__}"
+    if how in ("ident", "weak"):
+        held = value() if how == "weak" else value
+        return f"{where} is {getattr(held, '__qualname__', type(held).__qualname__)}"
+    if how == "code":
+        name = getattr(value[0], "co_qualname", getattr(value[0], "co_name", "?"))
+        return f"{where} is code {name} over the same captures"
+    if how == "tree":
+        return f"{where} has the structure it had"
+    return f"{where} == {value!r}"
+
+
+_DECLINED = threading.local()
+
+
+def note_decline(reason: str) -> None:
+    """Records why this thread's last cached trace did not fit (for the retrace warning)."""
+    _DECLINED.reason = reason
+
+
+def last_decline() -> str:
+    """Why this thread's last cached trace did not fit its step's state ("" if none)."""
+    return getattr(_DECLINED, "reason", "")
 
 
 def moved_numbers(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> list[Chain]:
@@ -319,12 +423,17 @@ def settle(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> tuple:
 
 
 def _size(x: Any) -> Any:
-    """How many entries a list or dict has (a partial: its arguments), None otherwise."""
-    if isinstance(x, functools.partial):
+    """How many entries a list, tuple, deque or dict has (a partial: its arguments),
+    None otherwise."""
+    if _peek.is_a(x, functools.partial):
         return (len(x.args), len(x.keywords))
-    if isinstance(x, list):
+    if _peek.is_a(x, tuple):
+        return tuple.__len__(x)
+    if _peek.is_a(x, collections.deque):
+        return collections.deque.__len__(x)
+    if _peek.is_a(x, list):
         return list.__len__(x)  # the built-in's length, not a subclass's __len__
-    return dict.__len__(x) if isinstance(x, dict) else None
+    return dict.__len__(x) if _peek.is_a(x, dict) else None
 
 
 def _equal(a: Any, b: Any) -> bool:

@@ -11,6 +11,7 @@ True
 
 from jaxdist._compile import step_count as step_count
 from jaxdist._cpu_threads import cpu_threads as cpu_threads
+from jaxdist._explain import explain as explain
 from jaxdist._host import tune_host_malloc as tune_host_malloc
 from jaxdist._inflight import get_max_steps_in_flight as get_max_steps_in_flight
 from jaxdist._inflight import set_max_steps_in_flight as set_max_steps_in_flight
@@ -25,6 +26,7 @@ __all__ = [
     "MultiWorkerMirroredStrategy",
     "ValueContext",
     "cpu_threads",
+    "explain",
     "get_max_steps_in_flight",
     "set_max_steps_in_flight",
     "step_count",
