@@ -25,6 +25,9 @@ Ragged inputs (a partial batch) go to `jaxdist._ragged`.
 
 from __future__ import annotations
 
+import collections
+import types
+import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -43,6 +46,55 @@ from jaxdist._values import stack as stack_value
 from jaxdist._values import stacked as stacked_array
 
 MAPPED, BROADCAST, STATIC = "m", "b", "s"
+
+
+class _Plans:
+    """The last one-replica call of each step function, to replay (`_one_replica.Plan`).
+
+    Found by the function object itself (a bound method: its object and function),
+    held weakly: a plan dies with its function. Keyed by identity, so the lookup is one
+    dict read; a step made anew on each call (a closure) finds its compiled step through
+    `jaxdist._compile.steps` as before, and is not replayed.
+    """
+
+    MAX = 256
+
+    def __init__(self) -> None:
+        self._plans: dict = {}
+
+    @staticmethod
+    def _key(fn: Callable) -> tuple[Hashable, Any]:
+        if type(fn) is types.MethodType:
+            return (id(fn.__self__), fn.__func__), fn.__self__
+        return id(fn), fn
+
+    def get(self, fn: Callable) -> _one_replica.Plan | None:
+        key, owner = self._key(fn)
+        found = self._plans.get(key)
+        if found is None or found[0]() is not owner:
+            return None
+        return found[1]
+
+    def put(self, fn: Callable, plan: _one_replica.Plan) -> None:
+        key, owner = self._key(fn)
+        plans = self._plans
+
+        def drop(_: Any) -> None:
+            plans.pop(key, None)
+
+        try:
+            ref = weakref.ref(owner, drop)
+        except TypeError:  # not weakly referenceable: not replayed
+            return
+        plans.pop(key, None)
+        plans[key] = (ref, plan)
+        while len(plans) > self.MAX:
+            plans.pop(next(iter(plans)), None)
+
+
+_PLANS = _Plans()
+WORK: collections.Counter = collections.Counter()
+"""``WORK["full"]``: the calls that took the full path (classified their arguments)."""
 
 
 def _classify(leaf: Any, one: bool) -> str:
@@ -199,6 +251,13 @@ def _arguments(leaves: list, kinds: tuple, replicas: Replicas, one: bool) -> tup
 def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, kwargs: dict):
     """Runs ``fn`` on every replica of ``strategy`` (see the module docstring)."""
     _context.check_can_run(strategy)
+    plan = _PLANS.get(fn)
+    if plan is not None and not _compile.tracing() and not _compile.is_fake_pmap():
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        out = plan(strategy, cdo, fn, leaves, treedef)
+        if out is not _one_replica.MISS:
+            return out
+    WORK["full"] += 1
     one = replicas.num == 1 and not replicas.multi_process
     direct = one and not _compile.is_fake_pmap()  # the one-replica program
     leaves, treedef = jax.tree.flatten((tuple(args), dict(kwargs)), is_leaf=is_distributed)
@@ -213,13 +272,15 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
         arrays = [x.reshape(x.shape[1:]) if s else x for x, s in zip(arrays, stacked)]
         return _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays)
     key = (sig, sigs, program_key(strategy, cdo), replicas.devices, _compile.is_fake_pmap())
-    return _run_eager(strategy, replicas, cdo, fn, (sig, key, in_axes, direct), arrays, stacked)
+    replay = direct and not any(map(is_distributed, leaves))  # a later call may replay it
+    how = (sig, key, in_axes, direct, leaves if replay else None)
+    return _run_eager(strategy, replicas, cdo, fn, how, arrays, stacked)
 
 
 def _run_eager(strategy, replicas, cdo, fn, how: tuple, arrays: list, stacked: tuple) -> Any:
     """One cached program, dispatched once: `jax.pmap` over the replicas, or on one
     replica the `jaxdist._one_replica` program (no replica axis, no per-leaf work)."""
-    sig, key, in_axes, direct = how
+    sig, key, in_axes, direct, leaves = how
     ids = [_compile.replica_ids(replicas, False)] if MAPPED not in sig[1] else []
     in_axes = (0,) * len(ids) + in_axes
 
@@ -236,9 +297,8 @@ def _run_eager(strategy, replicas, cdo, fn, how: tuple, arrays: list, stacked: t
         return _compile.pmap(staged.evaluate, replicas, axes), info, staged
 
     place = None if replicas.multi_process else replicas.replicate
-    (program, info, staged), extra = _compile.steps.get(
-        fn, key, build, lambda entry: entry[2].inputs(fn, place)
-    )
+    entry, extra = _compile.steps.get(fn, key, build, lambda e: e[2].inputs(fn, place))
+    program, info, staged = entry
     state = lambda x: staged.output(fn, x)  # noqa: E731
     if not direct:
         what = f"strategy.run({describe(fn)})"
@@ -246,10 +306,29 @@ def _run_eager(strategy, replicas, cdo, fn, how: tuple, arrays: list, stacked: t
         staged.write_back(fn, outs)  # Python numbers the step changed in its state
         return _wrap(info, outs, replicas.num, _first_row, arrays.__getitem__, state)
     # no collective in the program: nothing to bound in flight (see `jaxdist._inflight`)
-    outs = program((*stacked, *[False] * len(extra)), *arrays, *extra)
+    outs = program((*stacked, *[None] * len(extra)), *arrays, *extra)
     staged.write_back(fn, outs)
+    if leaves is not None:
+        static_at = tuple(i for i, k in enumerate(sig[1]) if k == STATIC)
+        plan = (program, staged, place, _replayed_outputs(info, staged))
+        _PLANS.put(fn, _one_replica.Plan((strategy, cdo), leaves, sig[0], static_at, *plan))
     arg = lambda i: _first_row(arrays[i]) if stacked[i] else arrays[i]  # noqa: E731
     return _wrap(info, outs, 1, _same, arg, state)
+
+
+def _replayed_outputs(info: dict, staged: Staged) -> Callable:
+    """``wrap(fn, outs, arrays)`` of a replayed one-replica call (`_one_replica.Plan`):
+    the outputs as they are when all are traced, else `_wrap`'s per-leaf layout."""
+    treedef, layout = info["treedef"], info["layout"]
+    n = len(layout)
+    if all(kind == "traced" for kind, _ in layout):
+        return lambda fn, outs, arrays: treedef.unflatten(outs if len(outs) == n else outs[:n])
+
+    def wrap(fn: Callable, outs: list, arrays: list) -> Any:
+        state = lambda x: staged.output(fn, x)  # noqa: E731
+        return _wrap(info, outs, 1, _same, arrays.__getitem__, state)
+
+    return wrap
 
 
 def _same(a: Any) -> Any:
