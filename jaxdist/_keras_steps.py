@@ -37,6 +37,11 @@ placed path (`StepFunction._placed_steps`). Its dispatches stay under the
 in-flight bound (`jaxdist._inflight`). With several workers, jaxdist traces no
 partial batch inside `jax.jit`: that step runs eagerly through ``strategy.run``
 (`StepFunction._eager`), on each worker's copy of the state.
+
+On one replica (a `OneDeviceStrategy` or a one-device `MirroredStrategy` scope), a batch the
+host split takes runs a direct program (`StepFunction._one_program`): Keras' own step with
+the one replica's (identity) rules, no per-replica copies, no marker output, no layout
+constraint: the program plain Keras compiles for its donated train step, op for op.
 """
 
 from __future__ import annotations

@@ -13,6 +13,13 @@ the program, where XLA's CPU compiler keeps a one-member one under `jax.pmap`).
 A distributed argument enters as its stacked array (shape ``(1, *shape)``) and is
 unstacked inside the program; which arguments are stacked is a static argument of
 the `jax.jit`, so a `PerReplica` and a plain array share one trace of the step.
+
+A repeated eager call replays the first call's `Plan`: ``_run.run`` then costs, beyond
+`jax.jit`'s own dispatch, an identity check of the strategy, a tree flatten, a
+comparison of the leaves' types (and static values, by identity first), the re-read of
+the step's state and the result's unflatten. A `Program` is one trace: called with
+arguments `jax.jit` would trace again, it raises `Retrace`, and the call takes the full
+path (which compiles a new program for the new signature).
 """
 
 from __future__ import annotations

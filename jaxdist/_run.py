@@ -14,7 +14,12 @@ Two paths share one step body:
   `jaxdist._compile.dispatch` (within the in-flight bound); on one replica the step
   is compiled without a replica axis instead (`jaxdist._one_replica`): one dispatch
   whose outputs are already the plain arrays TF gives there, with no eager op per
-  leaf (a distributed argument enters as its stacked array, unstacked inside);
+  leaf (a distributed argument enters as its stacked array, unstacked inside). There,
+  the second and later calls of a step with arguments of the same structure, leaf
+  types and static values replay the first call's plan (`_one_replica.Plan`): no
+  classification, signature, key or cache lookup, only identity and type checks, the
+  re-read of the step's state and the dispatch (`jax.jit`'s C++ cache check catches a
+  new shape or dtype);
 * traced (inside `jax.jit`, a `lax` loop or any other trace): the step is
   pmapped afresh (on one replica: vmapped over an axis of size one, so no
   collective is left) and called inline, so the user's trace owns it and nothing
@@ -69,8 +74,12 @@ class _Plans:
         return id(fn), fn
 
     def get(self, fn: Callable) -> _one_replica.Plan | None:
-        key, owner = self._key(fn)
-        found = self._plans.get(key)
+        if type(fn) is types.MethodType:  # (`_key`, inlined: this runs on every call)
+            owner = fn.__self__
+            found = self._plans.get((id(owner), fn.__func__))
+        else:
+            owner = fn
+            found = self._plans.get(id(fn))
         if found is None or found[0]() is not owner:
             return None
         return found[1]
