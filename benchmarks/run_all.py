@@ -14,7 +14,14 @@ import tempfile
 from benchmarks import readme
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCHMARKS = ["bench_run", "bench_jit", "bench_cross_device_ops", "bench_input", "bench_keras"]
+BENCHMARKS = [
+    "bench_run",
+    "bench_one_device",
+    "bench_jit",
+    "bench_cross_device_ops",
+    "bench_input",
+    "bench_keras",
+]
 RUNNER = (
     "import json, sys, importlib; m = importlib.import_module('benchmarks.' + sys.argv[1]); "
     "json.dump(m.main(), open(sys.argv[2], 'w'), default=float)"
