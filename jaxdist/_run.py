@@ -34,7 +34,7 @@ import collections
 import types
 import weakref
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -262,7 +262,7 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
     _context.check_can_run(strategy)
     plan = _PLANS.get(fn)
     if plan is not None and not _compile.tracing() and not _compile.is_fake_pmap():
-        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        leaves, treedef = _structure(args, kwargs)
         out = plan(strategy, cdo, fn, leaves, treedef)
         if out is not _one_replica.MISS:
             return out
@@ -281,15 +281,34 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
         arrays = [x.reshape(x.shape[1:]) if s else x for x, s in zip(arrays, stacked)]
         return _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays)
     key = (sig, sigs, program_key(strategy, cdo), replicas.devices, _compile.is_fake_pmap())
-    replay = direct and not any(map(is_distributed, leaves))  # a later call may replay it
-    how = (sig, key, in_axes, direct, leaves if replay else None)
+    replay = None  # a later call may replay it: the leaves and their structure as it sees them
+    if direct and not any(map(is_distributed, leaves)):
+        replay = (leaves, _structure(args, kwargs)[1])
+    how = (sig, key, in_axes, direct, replay)
     return _run_eager(strategy, replicas, cdo, fn, how, arrays, stacked)
+
+
+def _structure(args: tuple, kwargs: dict) -> tuple[list, Any]:
+    """The leaves and structure of a call as a replayed call compares them: the positional
+    arguments' alone when there are no keyword arguments (the common case, one flatten
+    less), else marked apart, so that ``args=((x,), {"a": y})`` is never ``fn(x, a=y)``."""
+    if not kwargs:
+        return jax.tree_util.tree_flatten(args)
+    return jax.tree_util.tree_flatten(_Keywords(args, kwargs))  # (a PyTreeDef either way:
+    # it compares unequal only to another PyTreeDef)
+
+
+class _Keywords(NamedTuple):
+    """A call with keyword arguments, as `_structure` flattens it (its own node type)."""
+
+    args: tuple
+    kwargs: dict
 
 
 def _run_eager(strategy, replicas, cdo, fn, how: tuple, arrays: list, stacked: tuple) -> Any:
     """One cached program, dispatched once: `jax.pmap` over the replicas, or on one
     replica the `jaxdist._one_replica` program (no replica axis, no per-leaf work)."""
-    sig, key, in_axes, direct, leaves = how
+    sig, key, in_axes, direct, replay = how
     ids = [_compile.replica_ids(replicas, False)] if MAPPED not in sig[1] else []
     in_axes = (0,) * len(ids) + in_axes
 
@@ -317,10 +336,10 @@ def _run_eager(strategy, replicas, cdo, fn, how: tuple, arrays: list, stacked: t
     # no collective in the program: nothing to bound in flight (see `jaxdist._inflight`)
     outs = program((*stacked, *[None] * len(extra)), *arrays, *extra)
     staged.write_back(fn, outs)
-    if leaves is not None:
+    if replay is not None:
         static_at = tuple(i for i, k in enumerate(sig[1]) if k == STATIC)
         plan = (program, staged, place, _replayed_outputs(info, staged))
-        _PLANS.put(fn, _one_replica.Plan((strategy, cdo), leaves, sig[0], static_at, *plan))
+        _PLANS.put(fn, _one_replica.Plan((strategy, cdo), *replay, static_at, *plan))
     arg = lambda i: _first_row(arrays[i]) if stacked[i] else arrays[i]  # noqa: E731
     return _wrap(info, outs, 1, _same, arg, state)
 

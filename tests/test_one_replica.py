@@ -382,12 +382,17 @@ def test_a_replayed_call_sees_every_change_of_its_arguments():
     check(lambda: s.run(step, args=(3.5, False)), 2.5, 1)  # a new static value
     check(lambda: s.run(step, args=(3.5,), kwargs={"flag": False}), 2.5, 1)  # structure
     check(lambda: other.run(step, args=(3.5,), kwargs={"flag": False}), 2.5, 1)
+    pair = lambda x, y: jnp.asarray(x) * y["a"]  # noqa: E731
+    check(lambda: s.run(pair, args=(3.0,), kwargs={"y": {"a": 4.0}}), 12.0, 1)
+    check(lambda: s.run(pair, args=(3.0,), kwargs={"y": {"a": 4.0}}), 12.0, 0)
+    check(lambda: s.run(pair, args=((3.0,), {"a": 4.0})), [12.0], 1)  # same leaves, not kwargs
     per_replica = jd.PerReplica.from_stacked(jnp.ones((1, 2)))
     check(lambda: s.run(step, args=(per_replica,)), [2.0, 2.0], 1)
     check(lambda: s.run(step, args=(per_replica,)), [2.0, 2.0], 1)  # not replayed
     jitted = jax.jit(lambda x: s.run(step, args=(x,)))
     check(lambda: jitted(jnp.ones(2)), [2.0, 2.0], 1)  # traced inside jax.jit
     assert jd.experimental.step_count(step) == 9  # one per signature (the PerReplica: the first's)
+    assert jd.experimental.step_count(pair) == 2
 
 
 def test_a_replayed_call_reads_the_state_again():
