@@ -8,7 +8,7 @@ alternates, each side blocking on its result 4 calls back), ratio = jaxdist time
 median of the rounds with their range. ``MirroredStrategy([jax.devices()[0]])``, one replica.
 
 Phases of the repeated eager call of the tiny step (``v * 2`` on 4 floats), each timed alone
-(median of 9 interleaved rounds of 5,000 calls; one process): `Strategy.run`'s argument checks; the plan
+(median of 15 interleaved rounds of 5,000 calls; one process): `Strategy.run`'s argument checks; the plan
 lookup with `_run.run`'s tracing check and the tree flatten; the replayed plan's own checks and
 result (`_one_replica.Plan`); the re-read of the step's state (`Staged.inputs`, not the fast
 path's: it runs on every call by design); the program's dispatch (`jax.jit`'s C++ path, its
@@ -111,7 +111,7 @@ def rows(s, rounds):
     return out, data
 
 
-def _medians(fns, rounds=9, n=5000):
+def _medians(fns, rounds=15, n=5000):
     """Median µs per call of each of ``fns`` (a dict), over interleaved rounds of ``n`` calls
     (the order rotating every round, so that load drifts touch every phase alike)."""
     names = list(fns)
@@ -149,9 +149,11 @@ def phases(s):
         ONE.Plan = recorder.real
     plan, (_, _, _, _, program, staged, place, _) = recorder.made[-1]
     ext = s.extended
-    args, kwargs = (v,), {}
-    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    args = (v,)
+    # as `_run.run` flattens a call without keyword arguments
+    leaves, treedef = jax.tree_util.tree_flatten(args)
     stacked = (False,) + (None,) * staged.num_inputs
+    assert plan(s, ext.cross_device_ops, step, leaves, treedef) is not ONE.MISS
     t = _medians({
         "Strategy.run": lambda: s.run(step, args=(v,)),
         "_run.run": lambda: RUN.run(s, ext.replicas, ext.cross_device_ops, step, args, {}),
@@ -179,7 +181,7 @@ def main(rounds=9):
     split = phases(s) if hasattr(ONE, "Plan") else []  # (a jaxdist before the fast path)
     data["phases_us"] = dict(split)
     md += "\n\n" + common.table(
-        ["phase of the tiny step's repeated eager call", "µs (median of 9 rounds x 5,000 calls)"],
+        ["phase of the tiny step's repeated eager call", "µs (median of 15 rounds x 5,000 calls)"],
         [(name, f"{us:.2f}") for name, us in split],
     )
     print(md)
