@@ -16,6 +16,7 @@ from benchmarks import readme
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHMARKS = [
     "bench_run",
+    "bench_one_device",
     "bench_jit",
     "bench_function",
     "bench_cross_device_ops",

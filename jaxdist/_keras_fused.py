@@ -34,6 +34,10 @@ def host_split(batch: Any, n: int, device: Any = None) -> tuple[Any, int] | None
     array on its ``device``; or an array on one CPU device, read back as NumPy) of numbers with
     the same number of rows, divisible by ``n``."""
     leaves, treedef = jax.tree.flatten(batch)
+    if n == 1 and leaves and all(type(x) is np.ndarray and x.ndim for x in leaves):
+        b = leaves[0].shape[0]  # one replica, NumPy leaves (Keras' own batches): as they are
+        if b > 0 and all(x.shape[0] == b and x.dtype.kind in "biufc" for x in leaves):
+            return batch, b
     rows = {int(np.shape(x)[0]) if np.ndim(x) else -1 for x in leaves}
     b = rows.pop() if len(rows) == 1 else -1
     if b <= 0 or b % n:

@@ -149,7 +149,11 @@ class Layout:
         return tuple(ntv[i][None] for i in self.own)
 
     def combine(self, ctx: Any, old_mv: Any, new_mv: Any, ntv: Any, grads: Any) -> tuple:
-        """One SUM all-reduce: gradients, metric updates, mean/sum-aggregated variables."""
+        """One SUM all-reduce: gradients, metric updates, mean/sum-aggregated variables
+        (one replica: the values as they are, Keras' own, with no round trip through
+        deltas that would round them differently)."""
+        if ctx.num_replicas_in_sync == 1:
+            return grads, new_mv, ntv
         deltas = [new - old for new, old in zip(new_mv, old_mv)]
         agg = [ntv[i] for i in self.mean + self.sum]
         grads, deltas, agg = ctx.all_reduce(ReduceOp.SUM, (grads, deltas, agg))

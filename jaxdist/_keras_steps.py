@@ -37,6 +37,11 @@ placed path (`StepFunction._placed_steps`). Its dispatches stay under the
 in-flight bound (`jaxdist._inflight`). With several workers, jaxdist traces no
 partial batch inside `jax.jit`: that step runs eagerly through ``strategy.run``
 (`StepFunction._eager`), on each worker's copy of the state.
+
+On one replica (a `OneDeviceStrategy` or a one-device `MirroredStrategy` scope), a batch the
+host split takes runs a direct program (`StepFunction._one_program`): Keras' own step with
+the one replica's (identity) rules, no per-replica copies, no marker output, no layout
+constraint: the program plain Keras compiles for its donated train step, op for op.
 """
 
 from __future__ import annotations
@@ -134,8 +139,8 @@ class StepFunction:
         if self._n > 1:  # batches split over the replicas' devices as the program reads them
             shardings = (None, None, replicas.sharding)
             self._fast = jax.jit(self._fast_program, donate_argnums=(0, 1), in_shardings=shardings)
-        else:  # (no in_shardings: JAX's quickest dispatch)
-            self._fast = jax.jit(self._fast_program, donate_argnums=(0, 1))
+        else:  # the direct one-replica program (no in_shardings: JAX's quickest dispatch)
+            self._fast = jax.jit(self._one_program, donate_argnums=0)
 
     def model(self) -> Any:
         model = self.model_ref()
@@ -148,6 +153,12 @@ class StepFunction:
         if _WHOLE_BATCH.get() or not self._host_ok:
             with self.strategy.scope():
                 return self._placed_steps(state, iterator, k)
+        if k == 1:  # the common case, with no lists of batches and outputs
+            batch = next(iterator)
+            x = host_split(batch, self._n, self._device)
+            if x is not None:
+                return self._run_fast(state, (x[0],))
+            return self._one(state, self._placer.split(batch, "the Keras batch"))
         batches = []
         for i in range(k):
             try:
@@ -218,6 +229,10 @@ class StepFunction:
     def _run_fast(self, state: Any, batches: tuple) -> tuple[Any, Any]:
         """Steps on host batches split by `host_split` (one or ``steps_per_execution``)."""
         state = self._own(state)
+        if self._n == 1:
+            outputs, state = self._fast(state, batches)
+            self._returned = state
+            return outputs, state
         outputs, state, copies, marker = self._fast(state, self._copies_for(state), batches)
         if self._n > 1:  # one device: no collective to bound
             _inflight.throttle(marker, f"model.{self.kind}")
@@ -254,6 +269,26 @@ class StepFunction:
             concat, unroll = self.kind == "predict", self._device.platform == "cpu"
             out = scan_steps(self._step, state, copies, batches, concat, unroll)
         return (*out, jnp.zeros(()))
+
+    def _one_program(self, state: Any, batches: tuple) -> tuple:
+        """One replica: Keras' steps on the batches as they are, and nothing else. The one
+        replica's copy of a per-replica variable is the variable (no copies kept apart), no
+        marker output (no collective to bound in flight), no layout constraint, no
+        gather: the program plain Keras compiles, in the step's one-replica context."""
+        self.traces += 1
+        with self.strategy.scope():
+            concat, unroll = self.kind == "predict", self._device.platform == "cpu"
+            outputs, state, _ = scan_steps(self._one_step, state, (), batches, concat, unroll)
+        return outputs, state
+
+    def _one_step(self, state: Any, copies: tuple, raw: Any) -> tuple:
+        own = self.layout.own
+        copies = tuple(state[1][i][None] for i in own)
+        outputs, state, copies = self.strategy.run(self._replica, args=(state, copies, raw))
+        state = [list(s) for s in state]
+        for k, i in enumerate(own):
+            state[1][i] = copies[k][0]
+        return outputs, tuple(state), ()
 
     def _step(self, state: Any, copies: tuple, raw: Any) -> tuple:
         batch = raw if self._n == 1 else jax.tree.map(from_stacked, raw)

@@ -13,6 +13,13 @@ the program, where XLA's CPU compiler keeps a one-member one under `jax.pmap`).
 A distributed argument enters as its stacked array (shape ``(1, *shape)``) and is
 unstacked inside the program; which arguments are stacked is a static argument of
 the `jax.jit`, so a `PerReplica` and a plain array share one trace of the step.
+
+A repeated eager call replays the first call's `Plan`: ``_run.run`` then costs, beyond
+`jax.jit`'s own dispatch, an identity check of the strategy, a tree flatten, a
+comparison of the leaves' types (and static values, by identity first), the re-read of
+the step's state and the result's unflatten. A `Program` is one trace: called with
+arguments `jax.jit` would trace again, it raises `Retrace`, and the call takes the full
+path (which compiles a new program for the new signature).
 """
 
 from __future__ import annotations
@@ -48,17 +55,43 @@ def program(evaluate: Callable, replicas: Replicas) -> Program:
     return Program(evaluate, replicas.first_device)
 
 
+def _row(aval: Any, stacked: bool | None) -> tuple:
+    """What of one argument decides the trace: one replica's shape, dtype and weak type
+    (``stacked`` None: a value of the step's state, whose weak type does not count)."""
+    if stacked is None:
+        return (aval.shape, aval.dtype)
+    return (aval.shape[1:] if stacked else aval.shape, aval.dtype, aval.weak_type)
+
+
+class Retrace(Exception):
+    """A `Program` was called with arguments of other shapes or dtypes than it was traced
+    for (a `Plan` replaying it on a changed call: the caller takes the full path)."""
+
+
 class Program:
     """``program(stacked, *args)`` runs ``evaluate`` (the per-replica program, with the
     replica ids as its first argument) on ``args``, where ``stacked[i]`` says that
-    ``args[i]`` carries a leading replica axis of size one. It returns a list of plain
-    (unstacked) arrays committed to ``device``, in one dispatch.
+    ``args[i]`` carries a leading replica axis of size one (None: it is a value read
+    from the step's state). It returns a list of plain (unstacked) arrays committed to
+    ``device``, in one dispatch.
+
+    ``evaluate`` is one trace of the step, valid for the abstract values it was traced
+    on: the first call's. A later call whose arguments `jax.jit` would trace again (a new
+    shape, dtype or weak type) raises `Retrace` instead of tracing ``evaluate`` on values
+    it was not made for; so `jax.jit`'s own C++ cache check is the one check of the
+    arguments' shapes a replayed call (`Plan`) needs.
     """
 
     def __init__(self, evaluate: Callable, device: jax.Device) -> None:
         self._device = jax.sharding.SingleDeviceSharding(device)
+        self._avals: tuple | None = None
 
         def run(stacked: tuple, *args: Any) -> list:
+            avals = tuple(_row(jax.typeof(a), s) for a, s in zip(args, stacked))
+            if self._avals is None:
+                self._avals = avals
+            elif avals != self._avals:
+                raise Retrace
             ids = jnp.zeros((1,), jnp.int32)
             axes = (0, *(0 if s else None for s in stacked))
             outs = vmapped(evaluate, axes)(ids, *args)
@@ -77,3 +110,67 @@ class Program:
     def lower(self, stacked: tuple, *args: Any) -> Any:
         """The program lowered for these arguments (`jax.stages.Lowered`), to inspect."""
         return self._jitted.lower(stacked, *args)
+
+
+MISS = object()
+"""What `Plan` returns for a call it cannot replay (the caller takes the full path)."""
+
+
+class Plan:
+    """The repeated eager call of one step, replayed with the work of the first call.
+
+    The first call classified every argument leaf, checked and keyed them, found the
+    compiled step and the layout of its outputs. A later call of the same step on the
+    same strategy, with arguments of the same tree structure, the same type leaf by leaf
+    and the same static (non-array) values, needs none of that again: it fetches the
+    step's state (``staged.inputs``: the one per-call read of what the step captured),
+    calls the program and builds the result. Shapes and dtypes are not compared here:
+    `jax.jit`'s own cache check does that in C++, and a `Program` called with new ones
+    raises `Retrace` (the call then takes the full path and compiles, as before).
+
+    Args:
+        owner: ``(strategy, cross_device_ops)`` of the call, compared by identity.
+        leaves: the first call's flat arguments (distributed values excluded).
+        treedef: their tree structure.
+        static_at: the positions of the static leaves (hashable Python values).
+        program: the compiled step (`Program`).
+        staged: the step's trace (`jaxdist._stage.Staged`): ``inputs``, ``write_back``
+            and ``num_inputs``.
+        place: where ``staged.inputs`` puts the state it reads.
+        wrap: ``wrap(fn, outs, arrays)``, the step's result from the program's outputs.
+    """
+
+    def __init__(self, owner: tuple, leaves: list, treedef: Any, static_at: tuple, *how: Any):
+        self._strategy, self._cdo = owner
+        self._treedef = treedef
+        self._types = tuple(map(type, leaves))
+        self._static_at = static_at
+        self._statics = tuple(leaves[i] for i in static_at)
+        dynamic = tuple(i for i in range(len(leaves)) if i not in static_at)
+        self._dynamic_at = dynamic if static_at else None
+        self._program, self._staged, self._place, self._wrap = how
+        self._stacked = (False,) * len(dynamic) + (None,) * self._staged.num_inputs
+
+    def __call__(self, strategy: Any, cdo: Any, fn: Callable, leaves: list, treedef: Any) -> Any:
+        """The step's result, or `MISS` when this call is not the one replayed."""
+        if (
+            strategy is not self._strategy
+            or cdo is not self._cdo
+            or treedef != self._treedef
+            or tuple(map(type, leaves)) != self._types
+        ):
+            return MISS
+        arrays = leaves
+        if self._dynamic_at is not None:  # compared by identity first (tuple equality)
+            if tuple([leaves[i] for i in self._static_at]) != self._statics:
+                return MISS
+            arrays = [leaves[i] for i in self._dynamic_at]
+        extra = self._staged.inputs(fn, self._place)
+        if extra is None:  # the state the step was traced with changed
+            return MISS
+        try:
+            outs = self._program(self._stacked, *arrays, *extra)
+        except Retrace:
+            return MISS
+        self._staged.write_back(fn, outs)
+        return self._wrap(fn, outs, arrays)

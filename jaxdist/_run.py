@@ -14,7 +14,12 @@ Two paths share one step body:
   `jaxdist._compile.dispatch` (within the in-flight bound); on one replica the step
   is compiled without a replica axis instead (`jaxdist._one_replica`): one dispatch
   whose outputs are already the plain arrays TF gives there, with no eager op per
-  leaf (a distributed argument enters as its stacked array, unstacked inside);
+  leaf (a distributed argument enters as its stacked array, unstacked inside). There,
+  the second and later calls of a step with arguments of the same structure, leaf
+  types and static values replay the first call's plan (`_one_replica.Plan`): no
+  classification, signature, key or cache lookup, only identity and type checks, the
+  re-read of the step's state and the dispatch (`jax.jit`'s C++ cache check catches a
+  new shape or dtype);
 * traced (inside `jax.jit`, a `lax` loop or any other trace): the step is
   pmapped afresh (on one replica: vmapped over an axis of size one, so no
   collective is left) and called inline, so the user's trace owns it and nothing
@@ -25,8 +30,11 @@ Ragged inputs (a partial batch) go to `jaxdist._ragged`.
 
 from __future__ import annotations
 
+import collections
+import types
+import weakref
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -44,6 +52,59 @@ from jaxdist._values import stack as stack_value
 from jaxdist._values import stacked as stacked_array
 
 MAPPED, BROADCAST, STATIC = "m", "b", "s"
+
+
+class _Plans:
+    """The last one-replica call of each step function, to replay (`_one_replica.Plan`).
+
+    Found by the function object itself (a bound method: its object and function),
+    held weakly: a plan dies with its function. Keyed by identity, so the lookup is one
+    dict read; a step made anew on each call (a closure) finds its compiled step through
+    `jaxdist._compile.steps` as before, and is not replayed.
+    """
+
+    MAX = 256
+
+    def __init__(self) -> None:
+        self._plans: dict = {}
+
+    @staticmethod
+    def _key(fn: Callable) -> tuple[Hashable, Any]:
+        if type(fn) is types.MethodType:
+            return (id(fn.__self__), fn.__func__), fn.__self__
+        return id(fn), fn
+
+    def get(self, fn: Callable) -> _one_replica.Plan | None:
+        if type(fn) is types.MethodType:  # (`_key`, inlined: this runs on every call)
+            owner = fn.__self__
+            found = self._plans.get((id(owner), fn.__func__))
+        else:
+            owner = fn
+            found = self._plans.get(id(fn))
+        if found is None or found[0]() is not owner:
+            return None
+        return found[1]
+
+    def put(self, fn: Callable, plan: _one_replica.Plan) -> None:
+        key, owner = self._key(fn)
+        plans = self._plans
+
+        def drop(_: Any) -> None:
+            plans.pop(key, None)
+
+        try:
+            ref = weakref.ref(owner, drop)
+        except TypeError:  # not weakly referenceable: not replayed
+            return
+        plans.pop(key, None)
+        plans[key] = (ref, plan)
+        while len(plans) > self.MAX:
+            plans.pop(next(iter(plans)), None)
+
+
+_PLANS = _Plans()
+WORK: collections.Counter = collections.Counter()
+"""``WORK["full"]``: the calls that took the full path (classified their arguments)."""
 
 
 def _classify(leaf: Any, one: bool) -> str:
@@ -203,6 +264,13 @@ def _arguments(leaves: list, kinds: tuple, replicas: Replicas, one: bool) -> tup
 def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, kwargs: dict):
     """Runs ``fn`` on every replica of ``strategy`` (see the module docstring)."""
     _context.check_can_run(strategy)
+    plan = _PLANS.get(fn)
+    if plan is not None and not _compile.tracing() and not _compile.is_fake_pmap():
+        leaves, treedef = _structure(args, kwargs)
+        out = plan(strategy, cdo, fn, leaves, treedef)
+        if out is not _one_replica.MISS:
+            return out
+    WORK["full"] += 1
     one = replicas.num == 1 and not replicas.multi_process
     direct = one and not _compile.is_fake_pmap()  # the one-replica program
     leaves, treedef = jax.tree.flatten((tuple(args), dict(kwargs)), is_leaf=is_distributed)
@@ -217,13 +285,34 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
         arrays = [x.reshape(x.shape[1:]) if s else x for x, s in zip(arrays, stacked)]
         return _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays)
     key = (sig, sigs, program_key(strategy, cdo), replicas.devices, _compile.is_fake_pmap())
-    return _run_eager(strategy, replicas, cdo, fn, (sig, key, in_axes, direct), arrays, stacked)
+    replay = None  # a later call may replay it: the leaves and their structure as it sees them
+    if direct and not any(map(is_distributed, leaves)):
+        replay = (leaves, _structure(args, kwargs)[1])
+    how = (sig, key, in_axes, direct, replay)
+    return _run_eager(strategy, replicas, cdo, fn, how, arrays, stacked)
+
+
+def _structure(args: tuple, kwargs: dict) -> tuple[list, Any]:
+    """The leaves and structure of a call as a replayed call compares them: the positional
+    arguments' alone when there are no keyword arguments (the common case, one flatten
+    less), else marked apart, so that ``args=((x,), {"a": y})`` is never ``fn(x, a=y)``."""
+    if not kwargs:
+        return jax.tree_util.tree_flatten(args)
+    return jax.tree_util.tree_flatten(_Keywords(args, kwargs))  # (a PyTreeDef either way:
+    # it compares unequal only to another PyTreeDef)
+
+
+class _Keywords(NamedTuple):
+    """A call with keyword arguments, as `_structure` flattens it (its own node type)."""
+
+    args: tuple
+    kwargs: dict
 
 
 def _run_eager(strategy, replicas, cdo, fn, how: tuple, arrays: list, stacked: tuple) -> Any:
     """One cached program, dispatched once: `jax.pmap` over the replicas, or on one
     replica the `jaxdist._one_replica` program (no replica axis, no per-leaf work)."""
-    sig, key, in_axes, direct = how
+    sig, key, in_axes, direct, replay = how
     ids = [_compile.replica_ids(replicas, False)] if MAPPED not in sig[1] else []
     in_axes = (0,) * len(ids) + in_axes
 
@@ -240,9 +329,8 @@ def _run_eager(strategy, replicas, cdo, fn, how: tuple, arrays: list, stacked: t
         return _compile.pmap(staged.evaluate, replicas, axes), info, staged
 
     place = None if replicas.multi_process else replicas.replicate
-    (program, info, staged), extra = _compile.steps.get(
-        fn, key, build, lambda entry: entry[2].inputs(fn, place)
-    )
+    entry, extra = _compile.steps.get(fn, key, build, lambda e: e[2].inputs(fn, place))
+    program, info, staged = entry
     state = lambda x: staged.output(fn, x)  # noqa: E731
     if not direct:
         what = f"strategy.run({describe(fn)})"
@@ -250,10 +338,29 @@ def _run_eager(strategy, replicas, cdo, fn, how: tuple, arrays: list, stacked: t
         staged.write_back(fn, outs)  # Python numbers the step changed in its state
         return _wrap(info, outs, replicas.num, _first_row, arrays.__getitem__, state)
     # no collective in the program: nothing to bound in flight (see `jaxdist._inflight`)
-    outs = program((*stacked, *[False] * len(extra)), *arrays, *extra)
+    outs = program((*stacked, *[None] * len(extra)), *arrays, *extra)
     staged.write_back(fn, outs)
+    if replay is not None:
+        static_at = tuple(i for i, k in enumerate(sig[1]) if k == STATIC)
+        plan = (program, staged, place, _replayed_outputs(info, staged))
+        _PLANS.put(fn, _one_replica.Plan((strategy, cdo), *replay, static_at, *plan))
     arg = lambda i: _first_row(arrays[i]) if stacked[i] else arrays[i]  # noqa: E731
     return _wrap(info, outs, 1, _same, arg, state)
+
+
+def _replayed_outputs(info: dict, staged: Staged) -> Callable:
+    """``wrap(fn, outs, arrays)`` of a replayed one-replica call (`_one_replica.Plan`):
+    the outputs as they are when all are traced, else `_wrap`'s per-leaf layout."""
+    treedef, layout = info["treedef"], info["layout"]
+    n = len(layout)
+    if all(kind == "traced" for kind, _ in layout):
+        return lambda fn, outs, arrays: treedef.unflatten(outs if len(outs) == n else outs[:n])
+
+    def wrap(fn: Callable, outs: list, arrays: list) -> Any:
+        state = lambda x: staged.output(fn, x)  # noqa: E731
+        return _wrap(info, outs, 1, _same, arrays.__getitem__, state)
+
+    return wrap
 
 
 def _same(a: Any) -> Any:

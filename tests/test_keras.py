@@ -159,6 +159,29 @@ def test_fit_evaluate_predict_match_tf(name, opt, n):
     assert model.train_function.traces == 2  # a full batch and the partial last one
 
 
+@pytest.mark.parametrize("kind", ["one_device", "mirrored1"])
+@pytest.mark.parametrize("name", ["dense", "bn"])
+def test_one_replica_fit_is_plain_keras_fit(kind, name):
+    """Issue 38: in a one-device scope, fit/evaluate/predict compute what plain Keras does
+    with no scope (the direct one-replica program: Keras' own step, no per-replica copies,
+    no all-reduce arithmetic), to the last bit on the same device."""
+    s = jd.OneDeviceStrategy("/cpu:0") if kind == "one_device" else mirrored(1)
+    model = make(s, name, "adam")
+    plain = compile_(build(name), "adam")
+    hist, want = model.fit(X, Y, **FIT), plain.fit(X, Y, **FIT)
+    assert hist.history == want.history
+    for got, ref in zip(model.get_weights(), plain.get_weights()):
+        np.testing.assert_array_equal(got, ref)
+    assert model.evaluate(X, Y, batch_size=64, verbose=0) == plain.evaluate(
+        X, Y, batch_size=64, verbose=0
+    )
+    np.testing.assert_array_equal(
+        model.predict(X[:70], batch_size=64, verbose=0),
+        plain.predict(X[:70], batch_size=64, verbose=0),
+    )
+    assert model.train_function.traces == 2  # a full batch and the partial last one
+
+
 @pytest.mark.parametrize("n", REPLICAS, ids=R_IDS)
 @pytest.mark.parametrize("name", ["dense", "bn", "syncbn"])
 def test_every_device_holds_the_same_variables_after_fit(name, n):

@@ -311,3 +311,125 @@ def test_a_one_replica_step_compiles_to_raw_jaxs_program(monkeypatch, kind):
     assert _hlo_ops(eager) == raw
     for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(_raw_sgd(p, x))):
         np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+# -- the repeated eager call: replayed (issue 38) -----------------------------------------------
+
+
+class _Counted:
+    """A static argument that counts how often it is hashed or compared for equality."""
+
+    def __init__(self, counts, name):
+        self.counts, self.name = counts, name
+
+    def __hash__(self):
+        self.counts["hash"] += 1
+        return hash(self.name)
+
+    def __eq__(self, other):
+        self.counts["eq"] += 1
+        return isinstance(other, _Counted) and other.name == self.name
+
+
+@pytest.mark.parametrize("kind", ["mirrored", "one_device"])
+def test_a_repeated_eager_call_replays_its_first_calls_work(kind):
+    """The second and later calls of a step with the same arguments take no full path:
+    no leaf classified, no static argument hashed or compared (identity), no lookup."""
+    s = make(kind, 1)
+    counts = collections.Counter()
+    mode = _Counted(counts, "train")
+    work = internal("_run").WORK
+
+    def step(x, mode, scale=1.0):
+        return {"y": x * scale, "mode": mode}
+
+    x = jnp.arange(3.0)
+    s.run(step, args=(x, mode), kwargs={"scale": 2.0})
+    full, before = work["full"], dict(counts)
+    for i in range(10):
+        out = s.run(step, args=(x, mode), kwargs={"scale": float(i)})
+        assert out["mode"] is mode
+        assert np.asarray(out["y"]).tolist() == [0.0, i, 2.0 * i]
+    assert work["full"] == full
+    assert dict(counts) == before
+    assert jd.experimental.step_count(step) == 1
+
+
+@pytest.mark.filterwarnings("ignore:strategy.run has compiled")
+def test_a_replayed_call_sees_every_change_of_its_arguments():
+    """What the first call decided is checked again on every call: a new shape, dtype,
+    weak type, leaf type, structure, static value, strategy, or a distributed value
+    takes the full path (and traces where it must); results are always right."""
+    s, other = make("mirrored", 1), make("one_device", 1)
+    work = internal("_run").WORK
+
+    def step(x, flag=True):
+        return x * 2 if flag else x - 1
+
+    def check(out, want, full):
+        before = work["full"]
+        assert np.asarray(out()).tolist() == want
+        assert work["full"] - before == full
+
+    check(lambda: s.run(step, args=(jnp.ones(2),)), [2.0, 2.0], 1)
+    check(lambda: s.run(step, args=(jnp.ones(2),)), [2.0, 2.0], 0)
+    check(lambda: s.run(step, args=(jnp.ones(3),)), [2.0] * 3, 1)  # new shape
+    check(lambda: s.run(step, args=(jnp.ones(3, jnp.int32),)), [2] * 3, 1)  # new dtype
+    check(lambda: s.run(step, args=(np.ones(3, np.int32),)), [2] * 3, 1)  # NumPy
+    check(lambda: s.run(step, args=(2,)), 4, 1)  # a Python number
+    check(lambda: s.run(step, args=(2.5,)), 5.0, 1)  # another type of number
+    check(lambda: s.run(step, args=(3.5,)), 7.0, 0)  # a traced number: replayed
+    check(lambda: s.run(step, args=(3.5, False)), 2.5, 1)  # a new static value
+    check(lambda: s.run(step, args=(3.5,), kwargs={"flag": False}), 2.5, 1)  # structure
+    check(lambda: other.run(step, args=(3.5,), kwargs={"flag": False}), 2.5, 1)
+    pair = lambda x, y: jnp.asarray(x) * y["a"]  # noqa: E731
+    check(lambda: s.run(pair, args=(3.0,), kwargs={"y": {"a": 4.0}}), 12.0, 1)
+    check(lambda: s.run(pair, args=(3.0,), kwargs={"y": {"a": 4.0}}), 12.0, 0)
+    check(lambda: s.run(pair, args=((3.0,), {"a": 4.0})), [12.0], 1)  # same leaves, not kwargs
+    per_replica = jd.PerReplica.from_stacked(jnp.ones((1, 2)))
+    check(lambda: s.run(step, args=(per_replica,)), [2.0, 2.0], 1)
+    check(lambda: s.run(step, args=(per_replica,)), [2.0, 2.0], 1)  # not replayed
+    jitted = jax.jit(lambda x: s.run(step, args=(x,)))
+    check(lambda: jitted(jnp.ones(2)), [2.0, 2.0], 1)  # traced inside jax.jit
+    assert jd.experimental.step_count(step) == 9  # one per signature (the PerReplica: the first's)
+    assert jd.experimental.step_count(pair) == 2
+
+
+def test_a_replayed_call_reads_the_state_again():
+    s = make("mirrored", 1)
+
+    class Model:
+        def __init__(self):
+            self.w, self.n = jnp.ones(2), 1
+
+        def step(self, x):
+            self.n += 1
+            return x * self.w + self.n
+
+    m = Model()
+    x = jnp.ones(2)
+    for i in range(3):
+        m.w = jnp.full(2, float(i))
+        assert np.asarray(s.run(m.step, args=(x,))).tolist() == [i + 2.0 + i] * 2
+    assert m.n == 4
+    m.w = jnp.ones(3)  # a new shape of the state: traced again
+    assert np.asarray(s.run(m.step, args=(jnp.ones(3),))).tolist() == [6.0] * 3
+
+
+def test_a_replayed_step_dies_with_its_object():
+    import gc
+    import weakref
+
+    s = make("mirrored", 1)
+
+    class Model:
+        def step(self, x):
+            return x + 1
+
+    m = Model()
+    for _ in range(3):
+        s.run(m.step, args=(jnp.ones(2),))
+    ref = weakref.ref(m)
+    del m
+    gc.collect()
+    assert ref() is None

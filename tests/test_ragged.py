@@ -228,3 +228,35 @@ def test_the_eager_partial_batch_program_compiles_with_quick_options(monkeypatch
     again = s.run(lambda x: grad_step(x) * 1.0, args=(x,))
     for a, b in zip(local(s, again), local(s, default)):
         np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_a_first_jitted_partial_batch_traces_each_shape_once_and_compiles_once():
+    """Issue 38: inside the user's `jax.jit`, the first partial batch traces the step once
+    per shape of replica ([5] * 7 + [2]: two) and XLA compiles one program, as for the
+    full batch (one trace, one program): no trace or compile is repeated."""
+    s = jd.MirroredStrategy([f"/cpu:{i}" for i in range(8)])
+    w = jnp.ones((3, 4)) * 0.1
+    full = np.arange(64 * 3, dtype=np.float32).reshape(64, 3)
+    batches = list(s.experimental_distribute_dataset([full, full[:37]]))
+    compiles, calls = [], []
+    listening = [True]
+
+    def listen(event, duration, **_):
+        if listening[0] and event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        for batch, traces in ((batches[0], 1), (batches[1], 2)):
+
+            def grad_step(w, x):
+                calls.append(x.shape)
+                loss = lambda w: jnp.sum(jnp.tanh(x @ w) ** 2)  # noqa: E731
+                return jd.get_replica_context().all_reduce("SUM", jax.grad(loss)(w))
+
+            compiles.clear(), calls.clear()
+            jax.block_until_ready(jax.jit(lambda w, x: s.run(grad_step, args=(w, x)))(w, batch))
+            assert len(calls) == traces, calls
+            assert len(compiles) == 1, compiles
+    finally:
+        listening[0] = False
