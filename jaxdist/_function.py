@@ -166,11 +166,11 @@ class _Program:
 
     def inputs(self, fn: Callable, call: _Call) -> list | None:
         """The program's inputs after the arguments (None: this trace does not fit)."""
+        fed = call.fed(self.feeds) if self.feeds else []
+        if fed is None:  # (before the state: `inputs` stores the numbers it writes)
+            return None
         state = self.staged.inputs(fn)
-        if state is None or not self.feeds:
-            return state
-        fed = call.fed(self.feeds)
-        return None if fed is None else state + fed
+        return None if state is None else state + fed
 
     def result(self, fn: Callable, outs: list) -> Any:
         it = iter(outs)

@@ -77,7 +77,13 @@ def trace_state_clean() -> bool:
     >>> trace_state_clean(), jax.jit(lambda x: trace_state_clean() or x)(1)
     (True, Array(1, dtype=int32, weak_type=True))
     """
-    return bool(private_attr("jax._src.core", "trace_state_clean")())
+    return bool(_core("trace_state_clean")())
+
+
+@functools.cache
+def _core(name: str) -> Any:
+    """``jax._src.core.<name>``, looked up once (it runs on every eager call)."""
+    return private_attr("jax._src.core", name)
 
 
 def current_trace() -> Any:

@@ -171,6 +171,7 @@ class Plan:
         try:
             outs = self._program(self._stacked, *arrays, *extra)
         except Retrace:
+            self._staged.unread(fn)  # the full path reads (and counts) them again
             return MISS
         self._staged.write_back(fn, outs)
         return self._wrap(fn, outs, arrays)

@@ -194,6 +194,8 @@ class Staged:
         self._array_checks = [*self._swaps, *((c, s, d) for _, c, s, d in self._lifted)]
         self._fresh = True
         self.num_inputs = len(chains)
+        # nothing to fetch, compare or place on a call: `inputs` ends after its checks
+        self._nothing = not (chains or self._aliases or self._outs)
 
     def _lift(self, fn: Callable, closed: Any, outputs: Callable, before: dict, nested: list):
         """The arrays read from state that are constants of the trace become inputs (and
@@ -416,6 +418,8 @@ class Staged:
             if self._promote:
                 _promote.remember(fn, _watch.moved_numbers(fn, self._watched))
             return None, _watch.what_changed(fn, self._watched)
+        if self._nothing:
+            return [], ""
         try:
             out = self._fetcher.values(fn)
         except _capture.Gone as e:
@@ -452,12 +456,24 @@ class Staged:
         values, wide = self._plan.run(out[: len(self._numbers)])
         if wide:
             return self._too_wide(fn, out)
-        for j, value in zip(self._plan.host, values):
-            _promote.put(fn, self._numbers[self._written[j][0]], value)
+        stored = [self._numbers[self._written[j][0]] for j in self._plan.host]
+        self._unread = [(c, out[self._numbers.index(c)]) for c in stored]
+        for chain, value in zip(stored, values):
+            _promote.put(fn, chain, value)
         for i in range(len(self._numbers)):
             if i not in self._plan.device:
                 out[i] = type(out[i])(0)
         return ""
+
+    _unread: list = []
+
+    def unread(self, fn: Callable) -> None:
+        """Puts back the numbers the last `inputs` stored (its call did not run: the
+        caller takes another program), so that a counter counts that call once."""
+        with _promote.LOCK:
+            for chain, value in self._unread:
+                _promote.put(fn, chain, value)
+            self._unread = []
 
     def _too_wide(self, fn: Callable, out: list) -> str:
         if self._wide:  # warned once: this trace is not used again
