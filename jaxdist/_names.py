@@ -110,8 +110,11 @@ def _users(filename: str) -> bool:
     or jaxdist itself."""
     if "site-packages" in filename or "dist-packages" in filename:
         return False
-    here = os.path.dirname(os.path.abspath(__file__))
-    return not filename.startswith((here, _STDLIB))
+    return not filename.startswith((_PACKAGE, _STDLIB))
+
+
+# jaxdist's folder, wherever in it this module is
+_PACKAGE = os.path.dirname(os.path.abspath(sys.modules[__name__.partition(".")[0]].__file__ or ""))
 
 
 _STDLIB = sysconfig.get_paths()["stdlib"]

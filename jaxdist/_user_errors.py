@@ -10,6 +10,7 @@ code where the value was used, and the fix. Layer 0: JAX and the standard librar
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from types import TracebackType
 from typing import Any, NoReturn
@@ -24,9 +25,10 @@ CONCRETE_VALUE_ERRORS: tuple[type[BaseException], ...] = (
     jax.errors.ConcretizationTypeError,
 )
 
+_JAXDIST = sys.modules[__name__.partition(".")[0]]  # the package, wherever this module is
 _NOT_THE_USERS = tuple(
-    os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in (jax, jaxlib)
-) + (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
+    os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in (jax, jaxlib, _JAXDIST)
+)
 
 _FIX = {
     jax.errors.TracerBoolConversionError: (
