@@ -20,13 +20,13 @@ import jax
 
 from jaxdist import _context, _logical_devices
 from jaxdist._all_reduce import NcclAllReduce
-from jaxdist._cluster_config import cluster_resolver_for
+from jaxdist._cluster.config import cluster_resolver_for
+from jaxdist._cluster.join import is_single_worker, join_cluster
 from jaxdist._devices import Replicas
-from jaxdist._distributed import is_single_worker, join_cluster
 from jaxdist._extended import StrategyExtended
-from jaxdist._input import DistributedDataset, InputContext
-from jaxdist._input_iter import DatasetIterator
-from jaxdist._numpy_dataset import NumpyDataset
+from jaxdist._input.datasets import DistributedDataset, InputContext
+from jaxdist._input.iterators import DatasetIterator
+from jaxdist._input.numpy_dataset import NumpyDataset
 from jaxdist._options import InputOptions
 from jaxdist._strategy import Strategy
 

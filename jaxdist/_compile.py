@@ -26,10 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdist import _inflight, _jax_internals, _watch
+from jaxdist import _inflight, _jax_internals
 from jaxdist._devices import AXIS, Replicas
 from jaxdist._jax_internals import trace_state_clean
 from jaxdist._layout import globalize
+from jaxdist._state import watch as _watch
 from jaxdist._validate import describe
 
 # -- tracing --------------------------------------------------------------------------
@@ -162,7 +163,7 @@ def _owner(fn: Callable) -> tuple[Any, Hashable]:
 class CodeKey(tuple):
     """A plain function's code and globals: its steps are found by what it runs, not by
     the function object (a closure made again on every call finds its compiled step).
-    What it captures is read afresh on every call (`jaxdist._stage`), as for one
+    What it captures is read afresh on every call (`jaxdist._state.stage`), as for one
     function whose state changed; a new class, number or shape there traces again."""
 
     __slots__ = ()

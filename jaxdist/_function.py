@@ -10,7 +10,7 @@ inside it leaks a tracer.
 ``jd.function`` compiles the whole function (its ``strategy.run`` calls, reductions,
 optimizer update) into one program, dispatched once per call, and gives it TF's
 meaning, built on the same parts as the eager ``strategy.run``
-(`jaxdist._stage.Staged`):
+(`jaxdist._state.stage.Staged`):
 
 * the arrays and Python numbers it reads from its closure, globals and object, at
   any depth and inside the steps it gives ``strategy.run`` or any jitted helper, are
@@ -35,10 +35,12 @@ from typing import Any, cast
 import jax
 import numpy as np
 
-from jaxdist import _capture, _compile, _context, _feeds
+from jaxdist import _compile, _context
 from jaxdist._errors import OutOfRangeError
-from jaxdist._input_iter import DatasetIterator, DistributedIterator
-from jaxdist._stage import Staged, example
+from jaxdist._input import feeds as _feeds
+from jaxdist._input.iterators import DatasetIterator, DistributedIterator
+from jaxdist._state import capture as _capture
+from jaxdist._state.stage import Staged, example
 from jaxdist._validate import describe, hashable_arg, is_number
 
 _DYNAMIC = "d"
@@ -54,7 +56,7 @@ def _signature(x: Any) -> Hashable:
 
 
 def _static_key(value: Any, index: int) -> Hashable:
-    if isinstance(value, _ITERATORS):  # read through `_feeds`: a new one each epoch is alike
+    if isinstance(value, _ITERATORS):  # read through `_input.feeds`: a new one each epoch is alike
         return ("iterator", type(value))
     try:
         return (type(value), hashable_arg(value, index))
@@ -72,7 +74,7 @@ def _element_signature(element: Any) -> Hashable:
 
 
 class _Call:
-    """One call's elements of the distributed iterators the function reads (`_feeds`):
+    """One call's elements of the distributed iterators the function reads (`_input.feeds`):
     fetched on the host, in order, once per call whichever traces ask for them."""
 
     def __init__(self, fn: Callable, leaves: list) -> None:
@@ -239,7 +241,7 @@ class Function:
             else:
                 kinds.append("s")
                 statics.append(x)
-                key.append(_static_key(x, i))  # an iterator: by its type (`_feeds`)
+                key.append(_static_key(x, i))  # an iterator: by its type (`_input.feeds`)
         full = ("jd.function", treedef, tuple(key), self.donate_state)
         how = (tuple(kinds), statics, dyn, call, self.donate_state)
         build = lambda: _Program(fn, treedef, *how)  # noqa: E731

@@ -17,7 +17,7 @@ import importlib
 import sys
 from typing import Any
 
-INTEGRATIONS: dict[str, str] = {"keras": "jaxdist._keras"}
+INTEGRATIONS: dict[str, str] = {"keras": "jaxdist._keras.distribution"}
 """Library module name -> the jaxdist module that integrates it."""
 
 
@@ -27,7 +27,7 @@ def enter_scope(strategy: Any) -> contextlib.ExitStack:
     >>> import jaxdist as jd
     >>> from jaxdist import _integrations
     >>> _integrations.INTEGRATIONS
-    {'keras': 'jaxdist._keras'}
+    {'keras': 'jaxdist._keras.distribution'}
     >>> with _integrations.enter_scope(jd.MirroredStrategy(["/cpu:0"])):  # what scope() does
     ...     pass
     """

@@ -132,7 +132,7 @@ def _probe(x: Any, axis: str) -> tuple:
 @functools.cache
 def check_collectives(axis: str) -> None:
     """Raises `JaxInternalsError` unless this JAX's collectives trace to the primitives and
-    params a partial-batch step interprets (`jaxdist._lockstep`).
+    params a partial-batch step interprets (`jaxdist._partial.lockstep`).
 
     >>> check_collectives("replica")  # this JAX is one jaxdist knows
     """

@@ -9,6 +9,7 @@ import jax
 
 from jaxdist import _context
 from jaxdist._all_reduce import check_cross_device_ops
+from jaxdist._cluster.host import maybe_tune
 from jaxdist._compat import StrategyV1
 from jaxdist._cross_device_ops import CrossDeviceOps, ReductionToOneDevice
 from jaxdist._devices import (
@@ -19,7 +20,6 @@ from jaxdist._devices import (
     resolve_devices,
 )
 from jaxdist._extended import StrategyExtended
-from jaxdist._host import maybe_tune
 from jaxdist._validate import check_callable
 from jaxdist._values import ValueContext
 

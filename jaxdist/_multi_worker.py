@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from jaxdist._all_reduce import NcclAllReduce
-from jaxdist._cluster_resolver import ClusterResolver, TFConfigClusterResolver
+from jaxdist._cluster.host import maybe_tune
+from jaxdist._cluster.join import join_cluster
+from jaxdist._cluster.resolvers import ClusterResolver, TFConfigClusterResolver
 from jaxdist._compat import StrategyV1
 from jaxdist._devices import Replicas
-from jaxdist._distributed import join_cluster
 from jaxdist._extended import MULTI_WORKER, StrategyExtended
-from jaxdist._host import maybe_tune
 from jaxdist._options import CommunicationOptions
 from jaxdist._validate import check_optional
 

@@ -132,8 +132,8 @@ def div_no_nan(total: Any, count: Any) -> jax.Array:
     jaxdist's one rule for a replica with no rows (the empty replicas of a partial
     batch, ``tf.distribute``'s split): a mean over its rows is 0, so it adds nothing to
     the replicas' sum, and the divisor is made safe so that its gradient is 0, not NaN.
-    `compute_average_loss`, Keras' per-replica loss (`jaxdist._keras_steps`) and the
-    synchronized batch-norm moments (`jaxdist._keras_syncbn`) divide through it.
+    `compute_average_loss`, Keras' per-replica loss (`jaxdist._keras.steps`) and the
+    synchronized batch-norm moments (`jaxdist._keras.syncbn`) divide through it.
 
     >>> import jax, jax.numpy as jnp
     >>> float(div_no_nan(jnp.sum(jnp.zeros((0,))), 0))

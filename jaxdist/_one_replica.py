@@ -3,7 +3,7 @@
 `jax.pmap` gives every output a leading replica axis, so on one device each leaf of
 a step's result used to be unstacked by its own eager ``reshape`` (TF unwraps one
 replica's results to plain values): one dispatch per leaf. Here the step (the
-per-replica program `jaxdist._stage.Staged` traced) is mapped with `jax.vmap` over a
+per-replica program `jaxdist._state.stage.Staged` traced) is mapped with `jax.vmap` over a
 replica axis of size one inside one `jax.jit`, which adds and removes that axis
 itself: an eager call is one cached dispatch (the C++ fast path of `jax.jit`) whose
 outputs are already plain arrays, and a collective over the one replica is a
@@ -134,7 +134,7 @@ class Plan:
         treedef: their tree structure.
         static_at: the positions of the static leaves (hashable Python values).
         program: the compiled step (`Program`).
-        staged: the step's trace (`jaxdist._stage.Staged`): ``inputs``, ``write_back``
+        staged: the step's trace (`jaxdist._state.stage.Staged`): ``inputs``, ``write_back``
             and ``num_inputs``.
         place: where ``staged.inputs`` puts the state it reads.
         wrap: ``wrap(fn, outs, arrays)``, the step's result from the program's outputs.

@@ -10,7 +10,7 @@ one record per execution path:
   and `merge_call` gathers its arguments and runs ``merge_fn`` once, in the
   trace, identically on every replica;
 * default (`default_collectives`): one replica, outside any strategy;
-* ragged (`jaxdist._ragged`): each replica traced on its own slice of a partial batch.
+* ragged (`jaxdist._partial.ragged`): each replica traced on its own slice of a partial batch.
 
 Every path reduces through TF's rules in `jaxdist._cross_device_ops` and
 `jaxdist._reduce_op.finish`.

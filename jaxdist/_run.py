@@ -25,7 +25,7 @@ Two paths share one step body:
   collective is left) and called inline, so the user's trace owns it and nothing
   about the trace (no tracer) is kept anywhere.
 
-Ragged inputs (a partial batch) go to `jaxdist._ragged`.
+Ragged inputs (a partial batch) go to `jaxdist._partial.ragged`.
 """
 
 from __future__ import annotations
@@ -40,12 +40,14 @@ import jax
 import numpy as np
 from jax import lax
 
-from jaxdist import _compile, _context, _one_replica, _promote, _ragged, _user_errors
+from jaxdist import _compile, _context, _one_replica, _user_errors
 from jaxdist._devices import AXIS, Replicas
-from jaxdist._frozen import warn_frozen
 from jaxdist._layout import is_tracer, shard_rows
+from jaxdist._partial import ragged as _ragged
 from jaxdist._replica_context import compiled_collectives, make_replica_context
-from jaxdist._stage import Staged, example
+from jaxdist._state import promote as _promote
+from jaxdist._state.frozen import warn_frozen
+from jaxdist._state.stage import Staged, example
 from jaxdist._validate import describe, hashable_arg, is_number
 from jaxdist._values import check_components, from_stacked, is_distributed, parts
 from jaxdist._values import stack as stack_value

@@ -1,7 +1,7 @@
 """`Strategy`: the TF2 `tf.distribute.Strategy` surface, shared by every strategy.
 
 The methods are thin: each checks its arguments and context, then calls the
-layer that does the work (`_run`, `_reduce`, `_input`, `StrategyExtended`).
+layer that does the work (`_run`, `_reduce`, `_input.datasets`, `StrategyExtended`).
 The TF1-era methods are added by `StrategyV1` (`jaxdist._compat`), as in TF.
 """
 
@@ -12,9 +12,10 @@ from typing import Any
 
 import jax
 
-from jaxdist import _context, _input, _reduce, _run
+from jaxdist import _context, _reduce, _run
 from jaxdist._extended import StrategyExtended
-from jaxdist._input import DistributedDataset, InputContext
+from jaxdist._input import datasets as _input
+from jaxdist._input.datasets import DistributedDataset, InputContext
 from jaxdist._layout import as_array, is_array
 from jaxdist._options import InputOptions, RunOptions
 from jaxdist._reduce_op import ReduceOp, parse_reduce_op
@@ -222,7 +223,7 @@ class Strategy:
         `tf.data.Dataset` through ``as_numpy_iterator``, a grain or torch loader),
         or a function returning a fresh one per epoch (for generators: a
         generator object gives one epoch, and iterating again raises
-        `RuntimeError`). See `jaxdist._input.distribute_dataset` for the
+        `RuntimeError`). See `jaxdist._input.datasets.distribute_dataset` for the
         splitting rules: a batch of ``b`` gives each replica ``ceil(b / R)``
         rows, filled greedily as TF does (6 over 4 replicas is ``[2, 2, 2, 0]``);
         no row is dropped or repeated. Unbatched elements (scalars) are yielded
@@ -254,7 +255,7 @@ class Strategy:
         one is dropped, as TF's eager iteration does. Across workers, a worker
         whose batches ran out gets empty ones while any worker has data, and
         the loop ends on every worker together (as TF). See
-        `jaxdist._input.distribute_datasets_from_function`.
+        `jaxdist._input.datasets.distribute_datasets_from_function`.
 
         >>> import numpy as np, jaxdist as jd
         >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])

@@ -8,12 +8,12 @@
 ('worker', 1, 2)
 """
 
-from jaxdist._cluster_resolver import ClusterResolver as ClusterResolver
-from jaxdist._cluster_resolver import ClusterSpec as ClusterSpec
-from jaxdist._cluster_resolver import SimpleClusterResolver as SimpleClusterResolver
-from jaxdist._cluster_resolver import TFConfigClusterResolver as TFConfigClusterResolver
-from jaxdist._union_resolver import UnionClusterResolver as UnionClusterResolver
-from jaxdist._union_resolver import UnionResolver as UnionResolver
+from jaxdist._cluster.resolvers import ClusterResolver as ClusterResolver
+from jaxdist._cluster.resolvers import ClusterSpec as ClusterSpec
+from jaxdist._cluster.resolvers import SimpleClusterResolver as SimpleClusterResolver
+from jaxdist._cluster.resolvers import TFConfigClusterResolver as TFConfigClusterResolver
+from jaxdist._cluster.union_resolver import UnionClusterResolver as UnionClusterResolver
+from jaxdist._cluster.union_resolver import UnionResolver as UnionResolver
 
 __all__ = [
     "ClusterResolver",

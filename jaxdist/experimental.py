@@ -9,15 +9,15 @@ jaxdist's own knobs (the in-flight bound, compile counts, host malloc tuning).
 True
 """
 
+from jaxdist._cluster.host import tune_host_malloc as tune_host_malloc
 from jaxdist._compile import step_count as step_count
 from jaxdist._cpu_threads import cpu_threads as cpu_threads
-from jaxdist._explain import explain as explain
-from jaxdist._host import tune_host_malloc as tune_host_malloc
 from jaxdist._inflight import get_max_steps_in_flight as get_max_steps_in_flight
 from jaxdist._inflight import set_max_steps_in_flight as set_max_steps_in_flight
 from jaxdist._multi_worker import MultiWorkerMirroredStrategy as MultiWorkerMirroredStrategy
 from jaxdist._options import CommunicationImplementation as CommunicationImplementation
 from jaxdist._options import CommunicationOptions as CommunicationOptions
+from jaxdist._state.explain import explain as explain
 from jaxdist._values import ValueContext as ValueContext
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Tests for jaxdist._cluster_resolver: ClusterSpec, the resolvers and jax.distributed args.
+"""Tests for jaxdist._cluster.resolvers: ClusterSpec, the resolvers and jax.distributed args.
 
 Nothing here starts the JAX backend (multi-worker set-up must run before it starts).
 """
@@ -10,7 +10,7 @@ import re
 import pytest
 
 import jaxdist as jd
-from jaxdist._cluster_resolver import (
+from jaxdist._cluster.resolvers import (
     ClusterResolver,
     ClusterSpec,
     SimpleClusterResolver,
@@ -397,7 +397,7 @@ os.environ["TF_CONFIG"] = json.dumps(
 )
 import jaxdist as jd
 from jax._src import xla_bridge
-from jaxdist._cluster_resolver import jax_distributed_args
+from jaxdist._cluster.resolvers import jax_distributed_args
 
 r = jd.cluster_resolver.TFConfigClusterResolver()
 assert jax_distributed_args(r) == ("c0:1000", 2, 1)

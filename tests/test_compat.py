@@ -56,7 +56,7 @@ DEPRECATED = {
 
 has_input = pytest.mark.skipif(
     not hasattr(jd.Strategy, "experimental_distribute_dataset"),
-    reason="input distribution (jaxdist/_input.py) is not built yet",
+    reason="input distribution (jaxdist/_input/) is not built yet",
 )
 
 

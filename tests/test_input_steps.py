@@ -1,4 +1,4 @@
-"""The steps of distributed input kept in step across workers (`jaxdist._input_steps`), run in
+"""The steps of distributed input kept in step across workers (`jaxdist._input.steps`), run in
 one process: the exchange is then the identity, so the chunked agreement (1, 2, 4, 8 steps per
 exchange) must give exactly the elements of the plain path. The multi-worker behaviour itself
 is tested in tests/test_multi_worker.py (workers whose datasets end at different steps)."""
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import jaxdist as jd
-from jaxdist._input_place import Placer
-from jaxdist._input_steps import MAX_CHUNK, CombinedSteps, SplitSteps, synced
+from jaxdist._input.place import Placer
+from jaxdist._input.steps import MAX_CHUNK, CombinedSteps, SplitSteps, synced
 
 
 def _local(strategy, element):

@@ -28,7 +28,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "jaxdist"
 def test_only_the_door_module_reads_private_jax():
     readers = sorted(
         p.name
-        for p in ROOT.glob("*.py")
+        for p in ROOT.rglob("*.py")
         if re.search(r"jax\._src|from jax import _src", p.read_text())
     )
     assert readers == ["_jax_internals.py"]

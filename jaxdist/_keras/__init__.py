@@ -1,0 +1,9 @@
+"""Keras 3 (JAX backend) under a strategy: loaded only when Keras is in use.
+
+The scope's distribution hook and the patched ``keras.Model`` factories (`distribution`),
+the data-parallel step functions (`steps`), one replica's step with TF's rules for combining
+replicas (`replica`), synchronized batch norm (`syncbn`), and ``steps_per_execution``
+batches as one program (`fused`). The only modules that import Keras.
+
+May import: the core, and the `_input.datasets` wing (Keras' batches are distributed input).
+"""

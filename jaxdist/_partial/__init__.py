@@ -1,0 +1,8 @@
+"""Partial batches: a step on replicas whose batches differ in size.
+
+The replicas of one shape traced once each (`ragged`), their jaxprs run in lockstep with
+every collective between them (`lockstep`), the step's trace per group of replicas
+(`replay`) and ``merge_call`` there (`merge`).
+
+May import: the core, and the `_state` wing (a partial-batch step reads its state too).
+"""

@@ -1,0 +1,260 @@
+"""Places in a step's state: a value put at a chain and taken back, and what a trace assigned.
+
+A chain (`jaxdist._state.capture`) leads from a step function to a value it reads. Two
+things need to *write* there:
+
+* a trace that reads an array where JAX keeps it as a constant of a nested jaxpr (a
+  jitted helper, a ``strategy.run`` traced inside ``jd.function``) reads a tracer put
+  at its place instead (`Swapped`), so the array is an input of the program, fetched
+  afresh on every call, as flax's ``nnx.jit`` swaps a module's state for tracers;
+* ``jd.function`` writes back what the function assigned into its state
+  (``self.params = new``), as TF writes a ``tf.Variable``'s ``assign``.
+
+`replace` puts a value at a chain: in place where the parent is mutable (an
+instance's attribute, a dict or list item, a global, a closure cell), and through
+immutable parents (a tuple, a namedtuple, a registered pytree node such as an optax
+state) by rebuilding each one up to the nearest mutable place. Every write is
+recorded so that `restore` puts back the very objects that were there: after a
+trace, no tracer is left in the user's objects.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxdist._state import capture as _capture
+from jaxdist._state import peek as _peek
+from jaxdist._state.capture import Chain
+
+MISSING = object()  # a place that did not exist (an attribute the trace created)
+
+
+class NotAPlace(Exception):
+    """The chain ends somewhere jaxdist cannot write (a weak reference, a view, ...)."""
+
+
+def _set_slot(obj: Any, name: str, value: Any) -> None:
+    descriptor = _peek.type_lookup(type(obj), name)
+    if not isinstance(descriptor, types.MemberDescriptorType):
+        raise NotAPlace(f"{type(obj).__name__}.{name} is not a slot")
+    descriptor.__set__(obj, value)
+
+
+def _set_attr(obj: Any, name: str, value: Any) -> None:
+    own = _peek.instance_dict(obj)
+    if own is None:
+        raise NotAPlace(f"{type(obj).__name__} has no instance dictionary")
+    dict.__setitem__(own, name, value)
+
+
+def _set_item(obj: Any, key: Any, value: Any) -> None:
+    if isinstance(obj, dict):
+        dict.__setitem__(obj, key, value)
+    elif isinstance(obj, list):
+        list.__setitem__(obj, key, value)
+    elif isinstance(obj, collections.deque):
+        collections.deque.__setitem__(obj, key, value)
+    else:
+        raise NotAPlace(f"a {type(obj).__name__} item")
+
+
+def _set_defaults(fn: Any, index: int, value: Any) -> None:
+    defaults = list(fn.__defaults__)
+    defaults[index] = value
+    fn.__defaults__ = tuple(defaults)
+
+
+def _set_getattr(obj: Any, name: str, value: Any) -> None:
+    if isinstance(obj, type):
+        type.__setattr__(obj, name, value)
+    else:
+        _set_slot(obj, name, value)
+
+
+_SETTERS: dict[str, Callable[[Any, Any, Any], None]] = {
+    "attr": _set_attr,
+    "item": _set_item,
+    "global": lambda o, k, v: o.__globals__.__setitem__(k, v),
+    "cell": lambda o, k, v: setattr(o.__closure__[k], "cell_contents", v),
+    "fattr": lambda o, k, v: o.__dict__.__setitem__(k, v),
+    "getattr": _set_getattr,
+    "default": _set_defaults,
+    "flat": lambda o, k, v: o.flat.__setitem__(k, v),
+    "kwdefault": lambda o, k, v: o.__kwdefaults__.__setitem__(k, v),
+}
+
+
+def _rebuilt(parent: Any, kind: str, key: Any, value: Any) -> Any:
+    """``parent`` (immutable) with the child at ``(kind, key)`` replaced by ``value``."""
+    if kind == "item" and isinstance(parent, tuple):
+        items = list(tuple.__iter__(parent))
+        items[key] = value
+        return type(parent)(*items) if hasattr(parent, "_fields") else type(parent)(items)
+    if kind == "item" and isinstance(parent, types.MappingProxyType):
+        return types.MappingProxyType({**dict(parent.items()), key: value})
+    if kind in ("child", "stacked"):
+        treedef, index, _ = key
+        leaves, now = jax.tree_util.tree_flatten(parent, is_leaf=lambda x: x is not parent)
+        if now != treedef:
+            raise NotAPlace("the pytree's structure changed")
+        leaves[index] = value
+        return treedef.unflatten(leaves)
+    if isinstance(parent, functools.partial) and kind in ("parg", "pkw", "pfunc"):
+        args, keywords = list(parent.args), dict(parent.keywords)
+        func = value if kind == "pfunc" else parent.func
+        if kind == "parg":
+            args[key] = value
+        elif kind == "pkw":
+            keywords[key] = value
+        return functools.partial(func, *args, **keywords)
+    raise NotAPlace(f"a {kind} link of a {type(parent).__name__}")
+
+
+def _old(parent: Any, kind: str, key: Any) -> Any:
+    try:
+        return _capture.fetch(parent, ((kind, key),))
+    except _capture.Gone:
+        return MISSING
+
+
+def replace(fn: Callable, chain: Chain, value: Any) -> list[tuple[Chain, Any]]:
+    """Puts ``value`` at the end of ``chain`` from ``fn``; returns what `restore` needs to
+    put back the objects that were there (raises `NotAPlace` where nothing can be written).
+
+    >>> state = {"opt": (1.0, 2.0)}                     # a tuple: rebuilt, not mutated
+    >>> step = lambda: state["opt"][1]
+    >>> chain = (("global", "state"), ("item", "opt"), ("item", 1))
+    >>> undo = replace(step, chain, 5.0)
+    >>> state["opt"]
+    (1.0, 5.0)
+    >>> restore(step, undo); state["opt"]
+    (1.0, 2.0)
+    """
+    while chain:
+        kind, key = chain[-1]
+        try:
+            parent = _capture.fetch(fn, chain[:-1])
+        except _capture.Gone as e:
+            raise NotAPlace(str(e)) from None
+        setter = _SETTERS.get(kind)
+        if setter is not None and _mutable(parent, kind):
+            old = _old(parent, kind, key)
+            try:
+                setter(parent, key, value)
+            except (AttributeError, TypeError, IndexError, KeyError) as e:
+                raise NotAPlace(str(e)) from None
+            return [(chain, old)]
+        value, chain = _rebuilt(parent, kind, key, value), chain[:-1]
+    raise NotAPlace("the step function itself")
+
+
+def _mutable(parent: Any, kind: str) -> bool:
+    if kind == "item":
+        return isinstance(parent, (dict, list, collections.deque))
+    if kind == "flat":
+        return isinstance(parent, np.ndarray) and parent.dtype == object
+    return True
+
+
+def restore(fn: Callable, undo: list[tuple[Chain, Any]]) -> None:
+    """Puts back what `replace` (or several of them, in order) found there."""
+    for chain, old in reversed(undo):
+        parent = _capture.fetch(fn, chain[:-1])
+        kind, key = chain[-1]
+        if old is not MISSING:
+            _SETTERS[kind](parent, key, old)
+        elif kind == "attr":
+            dict.pop(_peek.instance_dict(parent) or {}, key, None)
+        elif kind == "item" and isinstance(parent, dict):
+            dict.pop(parent, key, None)
+        elif kind == "item" and isinstance(parent, list):
+            del parent[key:]
+        elif kind == "global":
+            parent.__globals__.pop(key, None)
+
+
+def can_replace(fn: Callable, chain: Chain) -> bool:
+    """Whether `replace` can write at ``chain`` (checked by writing the value back)."""
+    try:
+        value = _capture.fetch(fn, chain)
+        restore(fn, replace(fn, chain, value))
+    except (NotAPlace, _capture.Gone):
+        return False
+    return True
+
+
+class Swapped:
+    """Within ``with``: ``values`` (tracers) at ``chains``; after it, the objects that
+    were there. ``written`` then lists the chains the body assigned (index, value)."""
+
+    def __init__(self, fn: Callable, chains: list[Chain], values: list[Any]) -> None:
+        self._fn, self._chains, self._values = fn, chains, values
+        self._undo: list[tuple[Chain, Any]] = []
+        self.written: list[tuple[int, Any]] = []
+
+    def __enter__(self) -> Swapped:
+        for chain, value in zip(self._chains, self._values):
+            self._undo += replace(self._fn, chain, value)
+        return self
+
+    def check_written(self) -> None:
+        """Records what the body stored at the swapped places (call before leaving)."""
+        for i, (chain, value) in enumerate(zip(self._chains, self._values)):
+            try:
+                now = _capture.fetch(self._fn, chain)
+            except _capture.Gone:
+                continue
+            if now is not value:
+                self.written.append((i, now))
+
+    def __exit__(self, *exc: Any) -> None:
+        restore(self._fn, self._undo)
+
+
+# -- what a trace assigned --------------------------------------------------------------------
+
+
+def snapshot(fn: Callable) -> dict[Chain, Any]:
+    """What ``fn``'s state holds at every chain now (`assigned` compares with it)."""
+    return dict(_capture.walk(fn, set()))
+
+
+def assigned(fn: Callable, before: dict[Chain, Any], ours: Callable[[Any], bool], skip: set):
+    """The places where ``fn``'s state now holds a value the trace computed (``ours``)
+    that it did not hold in ``before``: ``[(chain, old, new)]``, each the shortest chain
+    whose object changed (``self.params`` for ``self.params = {...}``), ``old`` the
+    object there before (`MISSING` for a new place). Chains in ``skip`` are left out."""
+    now = dict(_capture.walk(fn, set()))
+    places: dict[Chain, tuple[Any, Any]] = {}
+    for chain, value in now.items():
+        if not ours(value):
+            continue
+        place = _first_changed(chain, before, now)
+        if place is None or place in skip or any(place[: len(p)] == p for p in places):
+            continue
+        for p in [p for p in places if p[: len(place)] == place]:
+            del places[p]  # a longer chain under this one
+        places[place] = (before.get(place, MISSING), now[place])
+    return [(chain, old, new) for chain, (old, new) in places.items()]
+
+
+def _first_changed(chain: Chain, before: dict, now: dict) -> Chain | None:
+    for i in range(1, len(chain) + 1):
+        place = chain[:i]
+        if place not in before or before[place] is not now.get(place):
+            return place
+    return None
+
+
+def tracers(value: Any) -> Iterator[Any]:
+    """The JAX tracers among ``value``'s pytree leaves."""
+    for leaf in jax.tree.leaves(value):
+        if isinstance(leaf, jax.core.Tracer):
+            yield leaf

@@ -1,0 +1,479 @@
+"""What an eager step reads besides its arguments: TF eager's meaning for captured state.
+
+TF's eager ``strategy.run`` calls the step afresh each time, so whatever it reads
+through its closure, the globals it names or its object's attributes is current.
+A traced step turns every array it reads that way into a constant of its
+program. To keep TF's meaning without a trace per call, jaxdist finds, once per
+trace, *where* the step read each such constant (`locate`: a chain of closure
+cells, globals, imported modules, function attributes, attributes, items and
+pytree children from the step function), and reads it there again on every call
+(`fetch`), passing it to the program as an argument. The Python values a trace
+depends on are `jaxdist._state.watch`'s, which walks the same way (`walk`).
+
+The walk has no depth bound (an optax state over a flax model is 20 levels deep)
+and reads every item of a container; it stops after `MAX_NODES` objects, and then
+says how many arrays it did not find (a warning, never a silent constant). It runs
+no user code: every read goes through `jaxdist._state.peek` (the object protocol's own
+accessors), so lazy containers, proxies and loggers on the object are not woken.
+
+Only what can be reached from the step function is seen: arrays that the step
+reaches otherwise (an installed package's globals, an object held only by a C
+extension) stay constants of the program, and `jaxdist._state.stage` warns at the trace
+when a constant is an array that existed before it (the table in
+docs/guides/state.md). Python numbers read by a name the code computes
+(``getattr(t, name)``) are `jaxdist._state.watch`'s.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import types
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxdist._state import names as _names
+from jaxdist._state import peek as _peek
+from jaxdist._values import DistributedValues
+
+Chain = tuple  # ((kind, key), ...) from the step function to a value
+MAX_NODES = 200_000  # objects looked at per trace; past it, a warning (`locate_all`)
+_OPAQUE = (types.ModuleType, types.BuiltinFunctionType, str, bytes, int, float, complex)
+
+
+# chain steps whose string value may be an attribute name the code reads by
+# (``NAME = "lr"`` then ``getattr(t, NAME)``; ``self.key``; a default argument)
+_HOLDERS = frozenset(
+    ("cell", "global", "default", "kwdefault", "parg", "pkw", "attr", "getattr", "fattr")
+)
+
+Gone = _peek.Gone  # the value a chain led to is no longer there
+
+
+def _pytree_children(obj: Any) -> tuple[list, Any] | None:
+    """The children of a registered pytree node (None for a leaf)."""
+    if _peek.is_a(obj, Iterator):  # generators and iterators are leaves (JAX warns on them)
+        return None
+    kids, treedef = jax.tree_util.tree_flatten(obj, is_leaf=lambda x: x is not obj)
+    if len(kids) == 1 and kids[0] is obj:
+        return None
+    return kids, treedef
+
+
+def _child_names(obj: Any, n: int) -> list:
+    """The field names of a pytree node's children (a flax ``TrainState``'s ``params``,
+    ``step``), None where its keys are not names, so that `is_named` can tell the fields
+    the code reads from the others."""
+    try:
+        paths, _ = jax.tree_util.tree_flatten_with_path(obj, is_leaf=lambda x: x is not obj)
+        names = [getattr(p[0], "name", None) if p else None for p, _ in paths]
+    except Exception:  # noqa: BLE001 - a node without key paths: no names
+        return [None] * n
+    return names if len(names) == n else [None] * n
+
+
+def _children(obj: Any) -> Iterator[tuple[tuple, Any]]:
+    """``((kind, key), child)`` for what ``obj`` reaches: the steps of a chain.
+
+    Only the object protocol's own C-level accessors are used (never a class's
+    ``__getattr__``, ``__getattribute__``, properties, ``__len__``, ``__iter__`` or
+    ``__getitem__``): looking for state runs no user code.
+    """
+    if _peek.is_a(obj, types.MethodType):
+        yield ("self", None), obj.__self__
+        yield ("func", None), obj.__func__
+    elif _peek.is_a(obj, functools.partial):
+        yield ("pfunc", None), obj.func
+        yield from ((("parg", i), a) for i, a in enumerate(obj.args))
+        yield from ((("pkw", k), a) for k, a in obj.keywords.items())
+    elif _peek.is_a(obj, types.FunctionType):
+        yield from _function_children(obj)
+    elif _peek.is_a(obj, type):  # ``Config.lr``, or a classmethod's class
+        for cls in obj.__mro__[:-1]:
+            yield from _class_data(cls)
+    elif _peek.is_container(obj):
+        yield from ((("item", k), a) for k, a in _peek.items(obj))
+    elif type(obj) is weakref.ref:
+        yield ("deref", None), obj()
+    elif _peek.is_a(obj, np.ndarray) and obj.dtype == object:
+        yield from ((("flat", i), a) for i, a in enumerate(obj.ravel().tolist()))
+    elif _distributed(obj):
+        yield from _distributed_children(obj)
+    else:
+        yield from _object_children(obj)
+
+
+def _function_children(fn: types.FunctionType) -> Iterator[tuple[tuple, Any]]:
+    """Its closure cells, the globals its code loads, the modules it imports, its
+    default arguments and its attributes (``step.lr``)."""
+    for i, cell in enumerate(fn.__closure__ or ()):
+        try:
+            yield ("cell", i), cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+    glob = fn.__globals__
+    for name in sorted(_names.global_names(fn.__code__)):  # sorted: the same walk every run
+        if name in glob:
+            yield ("global", name), glob[name]
+    for name in sorted(_names.imported_modules(fn.__code__)):
+        if name in sys.modules:
+            yield ("import", name), sys.modules[name]
+    yield from ((("default", i), a) for i, a in enumerate(fn.__defaults__ or ()))
+    yield from ((("kwdefault", k), a) for k, a in (fn.__kwdefaults__ or {}).items())
+    yield from ((("fattr", k), a) for k, a in list(dict.items(fn.__dict__)))
+
+
+def _distributed_children(value: Any) -> Iterator[tuple[tuple, Any]]:
+    """A Mirrored's local component (what it stands for as an array), and the stacked
+    array of any distributed value (what ``jax.tree`` gives: all replicas' components,
+    which a step must not read as its own: `Staged` raises naming it)."""
+    if _peek.type_lookup(type(value), "__jaxdist_local__") is not None:
+        yield ("local", None), value.__jaxdist_local__()
+    node = _pytree_children(value)
+    for i, a in enumerate(node[0] if node is not None else ()):
+        yield ("stacked", (node[1], i, None)), a  # type: ignore[index]
+
+
+def _object_children(obj: Any) -> Iterator[tuple[tuple, Any]]:
+    """A pytree node's children, or an object's attributes."""
+    node = _pytree_children(obj)
+    if node is not None:
+        names = _child_names(obj, len(node[0]))
+        for i, a in enumerate(node[0]):
+            yield ("child", (node[1], i, names[i])), a
+    else:
+        own = _peek.instance_dict(obj) or {}
+        yield from ((("attr", k), a) for k, a in list(own.items()))
+        yield from _class_level(obj, own)
+
+
+def _class_level(obj: Any, own: dict) -> Iterator[tuple[tuple, Any]]:
+    """Slots, and data the class holds for its instances (``class T: w = jnp.zeros(())``,
+    read as ``self.w`` until the instance sets its own): read as `safe_getattr` reads,
+    so an instance attribute set later is what the chain finds then."""
+    for cls in type(obj).__mro__[:-1]:
+        slots = cls.__dict__.get("__slots__", ())
+        for k in (slots,) if _peek.is_a(slots, str) else slots:
+            if k not in own and k not in ("__dict__", "__weakref__"):
+                try:
+                    yield ("getattr", k), _peek.safe_getattr(obj, k)
+                except AttributeError:  # an unset slot, or one a property shadows
+                    continue
+        yield from _class_data(cls, own)
+
+
+def _class_data(cls: type, own: dict | None = None) -> Iterator[tuple[tuple, Any]]:
+    """A class's data attributes (not methods, properties or other descriptors)."""
+    if cls.__module__ == "builtins":
+        return
+    for k, a in list(cls.__dict__.items()):
+        if (own and k in own) or k.startswith("__") or hasattr(type(a), "__get__"):
+            continue
+        if _peek.is_a(a, (jax.Array, np.ndarray, *WATCHED, list, tuple, dict)) or _distributed(a):
+            yield ("getattr", k), a
+
+
+def _distributed(obj: Any) -> bool:
+    return issubclass(type(obj), DistributedValues)
+
+
+def _expandable(obj: Any) -> bool:
+    if _peek.is_a(obj, types.ModuleType):
+        return user_module(obj)
+    if _peek.is_a(obj, np.ndarray):
+        return obj.dtype == object  # an object array's elements (arrays, objects)
+    return not _peek.is_a(obj, _OPAQUE) and not _peek.is_a(obj, jax.Array)
+
+
+def user_module(module: types.ModuleType) -> bool:
+    """A module of the user's program (``config.W``), not the standard library or an
+    installed package (whose globals are no step's state)."""
+    top = module.__name__.partition(".")[0]
+    if top in sys.stdlib_module_names or top in ("jaxdist", "builtins"):
+        return False
+    origin = module.__dict__.get("__file__") or ""
+    return "site-packages" not in origin and "dist-packages" not in origin
+
+
+def walk(fn: Callable, named: set[str], limits: dict | None = None) -> Iterator[tuple[Chain, Any]]:
+    """``(chain, value)`` for what ``fn`` reaches, at any depth, up to `MAX_NODES`
+    objects (``limits["truncated"]`` tells when it stopped there); ``named`` collects
+    the names that the code met on the way uses.
+
+    Breadth first along chains whose names the code uses (``self.model.params``), then
+    along the others (``self.dataset``), so that big unrelated containers on an object
+    do not come before the state the step reads.
+    """
+    seen = {id(fn): 2}
+    frontier: list[tuple[Any, Chain]] = [(fn, ())]
+    deferred: list[tuple[Any, Chain]] = []
+    nodes = 0
+    for later in (False, True):
+        while frontier:
+            nxt: list[tuple[Any, Chain]] = []
+            # functions first: the names their code uses decide what else comes first
+            frontier.sort(key=lambda entry: not _peek.is_a(entry[0], types.FunctionType))
+            for obj, chain in frontier:
+                if not later:  # a callback reached through other names is not the step's
+                    _names.add_names(obj, named)
+                for step, child in _safe_children(obj):
+                    nodes += 1
+                    here = (*chain, step)
+                    yield here, child
+                    if not later and type(child) is str and step[0] in _HOLDERS:
+                        _names.add_held_name(child, here, named, is_named)
+                    if seen.get(id(child), 0) < 2 and _expandable(child):
+                        named_here = is_named(here, named)
+                        if id(child) in seen and not named_here:
+                            continue
+                        # a second path through the code's names finds an alias
+                        # (``self.params = self.ema = tree``)
+                        seen[id(child)] = seen.get(id(child), 0) + 1
+                        (nxt if later or named_here else deferred).append((child, here))
+                if nodes > MAX_NODES:
+                    if limits is not None:
+                        limits["truncated"] = True
+                    return
+            frontier = nxt
+        frontier = sorted(deferred, key=lambda entry: len(entry[1]))
+
+
+def locate(fn: Callable, targets: list) -> list[Chain | None]:
+    """For each array of ``targets``, the chain from ``fn`` to where ``fn`` reads it, or
+    None if it cannot be reached.
+
+    An array reachable in several places is taken where the names of the chain
+    (globals, attributes) are names that the code met on the way uses.
+    """
+    return [c[0] if c else None for c in locate_all(fn, targets)]
+
+
+def locate_all(fn: Callable, targets: list, limits: dict | None = None) -> list[list[Chain]]:
+    """For each array of ``targets``, the chains from ``fn`` to it whose names the code
+    uses, the best first (`locate`'s); one chain reaching it under names the code does
+    not use when there is no other. Two chains mean one array read under two names
+    (``self.w = self.ema = w``): the trace read it once, so it is valid only while both
+    names still hold one array. ``limits`` gets ``"numpy"`` when the step's state holds
+    NumPy arrays under names its code uses, ``"truncated"`` when the walk stopped."""
+    want: dict[int, list[int]] = {}
+    for i, t in enumerate(targets):
+        want.setdefault(id(t), []).append(i)
+        if _peek.is_a(t, np.ndarray) and t.base is not None:
+            # JAX keeps a NumPy constant as a view of the user's array, or of a view of
+            # it taken in the step (``table[0]``): found through the memory's owner
+            want.setdefault(id(_owner(t)), []).append(i)
+    candidates: list[list[Chain]] = [[] for _ in targets]
+    named: set[str] = set()
+    limits = {} if limits is None else limits
+    for chain, child in walk(fn, named, limits):
+        if _peek.is_a(child, np.ndarray) and child.dtype != object and is_named(chain, named):
+            limits["numpy"] = True
+            if not child.flags.c_contiguous:  # a view of it is copied, not found
+                limits.setdefault("strided", []).append(chain)
+        keys = {id(child), id(_owner(child))} if _peek.is_a(child, np.ndarray) else {id(child)}
+        for i in {i for k in keys for i in want.get(k, ())}:
+            if len(candidates[i]) >= 4:
+                continue
+            if _same(child, targets[i]):
+                candidates[i].append(chain)
+            elif _inside(targets[i], child):
+                candidates[i].append((*chain, ("view", _view_spec(child, targets[i]))))
+    out = []
+    for chains in candidates:
+        chains.sort(key=lambda c: c[-1][0] == "view")  # the array itself before a view
+        good = [c for c in chains if is_named(c, named)]
+        out.append(good or chains[:1])
+    missing = sum(1 for chains in out if not chains)
+    if limits.get("truncated") and missing:
+        warnings.warn(
+            f"jaxdist looked at {MAX_NODES:,} objects reachable from the step "
+            f"{getattr(fn, '__qualname__', fn)!r} and stopped: {missing} array(s) it read "
+            "were not found there and stay constants of its program (later changes are not "
+            "seen). Pass that state to strategy.run as arguments.",
+            RuntimeWarning,
+            stacklevel=6,
+        )
+    return out
+
+
+def same_array(a: Any, b: Any) -> bool:
+    """``a`` is ``b``, or both are NumPy arrays over the same memory, laid out alike."""
+    return a is b or _same(a, b)
+
+
+def is_named(chain: Chain, named: set[str]) -> bool:
+    """Whether every name ``chain`` reads by is one the code uses (a pytree node's
+    fields all are, where the code uses tree functions: `jaxdist._state.names.BY_TREE`)."""
+    by_tree = _names.BY_TREE in named
+    for kind, k in chain:
+        name = _name(kind, k)
+        if name is not None and name not in named and not (by_tree and kind == "child"):
+            return False
+    return True
+
+
+def _name(kind: str, key: Any) -> str | None:
+    """The name a chain step reads by (attributes, globals, a pytree node's fields)."""
+    if kind in ("attr", "getattr", "global", "fattr"):
+        return key
+    return key[2] if kind == "child" else None
+
+
+def _same(child: Any, target: Any) -> bool:
+    if child is target:
+        return True
+    return (  # a NumPy view of all of ``child``, as it is laid out
+        _peek.is_a(child, np.ndarray)
+        and _peek.is_a(target, np.ndarray)
+        and child.shape == target.shape
+        and child.dtype == target.dtype
+        and child.strides == target.strides
+        and child.__array_interface__["data"][0] == target.__array_interface__["data"][0]
+    )
+
+
+def _owner(x: np.ndarray) -> Any:
+    while isinstance(x.base, np.ndarray):  # (NumPy arrays only: no user code)
+        x = x.base
+    return x.base if x.base is not None else x
+
+
+def _inside(view: Any, base: Any) -> bool:
+    """Whether NumPy array ``view`` lies in the memory of NumPy array ``base``."""
+    if not (_peek.is_a(view, np.ndarray) and _peek.is_a(base, np.ndarray)):
+        return False
+    low, high = _bounds(view)
+    base_low, base_high = _bounds(base)
+    return base_low <= low and high <= base_high and base.flags.c_contiguous
+
+
+def _bounds(x: np.ndarray) -> tuple[int, int]:
+    start = x.__array_interface__["data"][0]
+    extents = [(n - 1) * s for n, s in zip(x.shape, x.strides)]
+    low = start + sum(min(0, e) for e in extents)
+    return low, start + sum(max(0, e) for e in extents) + x.itemsize
+
+
+def _view_spec(base: np.ndarray, view: np.ndarray) -> tuple:
+    """Where ``view`` (``table[0]``, ``table.T`` taken in the step) lies in ``base``."""
+    offset = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    layout = (base.shape, base.strides, base.dtype.str)
+    return (offset, view.shape, view.strides, view.dtype.str, layout)
+
+
+def _view(base: Any, spec: tuple) -> np.ndarray:
+    """The same view of the array now at ``base``'s place (its new values too)."""
+    offset, shape, strides, dtype, layout = spec
+    if not _peek.is_a(base, np.ndarray) or (base.shape, base.strides, base.dtype.str) != layout:
+        raise Gone("the array a view was taken of changed layout")
+    return np.ndarray(shape, np.dtype(dtype), buffer=base, offset=offset, strides=strides)
+
+
+def _safe_children(obj: Any) -> list:
+    try:
+        return list(_children(obj))
+    except Exception:  # an object whose attributes cannot be listed is not looked into
+        return []
+
+
+def fetch(fn: Callable, chain: Chain) -> Any:
+    """The value at the end of ``chain`` now (raises `Gone` if it is not there)."""
+    obj = fn
+    try:
+        for kind, key in chain:
+            obj = _STEPS[kind](obj, key)
+    except Gone:
+        raise
+    except Exception as e:
+        raise Gone(str(e)) from None
+    return obj
+
+
+class Fetcher:
+    """`fetch` of many chains at once, as a tree: each object on the way is read once
+    (10,000 parameters under ``self.params`` are 10,000 item reads, not 30,000 links)."""
+
+    def __init__(self, chains: list) -> None:
+        self._root: dict = {}
+        self._n = len(chains)
+        for i, chain in enumerate(chains):
+            node = self._root
+            for link in chain:
+                node = node.setdefault(link, {})
+            node.setdefault(None, []).append(i)
+
+    def values(self, fn: Callable) -> list:
+        """The value at the end of each chain now (raises `Gone` if one is not there)."""
+        out: list = [None] * self._n
+        _collect(fn, self._root, out)
+        return out
+
+
+def _collect(obj: Any, node: dict, out: list) -> None:
+    for link, sub in node.items():
+        if link is None:
+            for i in sub:
+                out[i] = obj
+        elif len(sub) == 1 and None in sub:  # a chain's last link: no call deeper
+            value = _step(obj, link)
+            for i in sub[None]:
+                out[i] = value
+        else:
+            _collect(_step(obj, link), sub, out)
+
+
+def _step(obj: Any, link: tuple) -> Any:
+    """One link of a chain from ``obj`` (raises `Gone` if it is not there)."""
+    try:
+        return _STEPS[link[0]](obj, link[1])
+    except Gone:
+        raise
+    except Exception as e:
+        raise Gone(str(e)) from None
+
+
+def _gone() -> Any:
+    raise Gone("the value changed type")
+
+
+def _child(obj: Any, key: tuple) -> Any:
+    node = _pytree_children(obj)
+    if node is None or node[1] != key[0]:
+        raise Gone("pytree structure changed")
+    return node[0][key[1]]
+
+
+_STEPS: dict[str, Callable[[Any, Any], Any]] = {
+    "self": lambda o, k: o.__self__,
+    "local": lambda o, k: o.__jaxdist_local__(),
+    "func": lambda o, k: o.__func__,
+    "pfunc": lambda o, k: o.func,
+    "parg": lambda o, k: o.args[k],
+    "pkw": lambda o, k: o.keywords[k],
+    "cell": lambda o, k: o.__closure__[k].cell_contents,
+    "global": lambda o, k: o.__globals__[k],
+    "item": _peek.item,
+    "attr": lambda o, k: (_peek.instance_dict(o) or {})[k],
+    "getattr": lambda o, k: _peek.safe_getattr(o, k),
+    "import": lambda o, k: sys.modules[k],
+    "fattr": lambda o, k: o.__dict__[k],
+    "deref": lambda o, k: o() if type(o) is weakref.ref else _gone(),
+    "flat": lambda o, k: o.ravel()[k] if _peek.is_a(o, np.ndarray) else _gone(),
+    "stacked": lambda o, k: _child(o, k),
+    "default": lambda o, k: o.__defaults__[k],
+    "kwdefault": lambda o, k: o.__kwdefaults__[k],
+    "child": _child,
+    "view": _view,
+}
+
+
+# objects whose contents jaxdist cannot read without running code: what a step reads
+# through them is a constant of its trace (`jaxdist._state.watch` warns naming them)
+OPAQUE = (weakref.ProxyType, weakref.CallableProxyType, threading.local)
+WATCHED = (bool, int, float, complex, str, type(None), np.generic)  # compared by value

@@ -1,0 +1,105 @@
+"""State frozen by a user's own compile: named at the trace, never silent.
+
+Inside a plain ``jax.jit`` (or a ``lax`` loop body) a ``strategy.run`` step is traced
+as part of the user's function, and the arrays it reads from its object, closure or
+globals become constants of the user's program: later changes are not seen. jaxdist
+cannot make them inputs of a program it does not own, so it names them, once per
+trace, with the two fixes: ``jd.function`` (TF's ``tf.function``, which reads state
+afresh and writes back what it assigns) or passing the state as an argument.
+``jd.function``'s own trace reads state afresh, so nothing is said there.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxdist import _context
+from jaxdist._jax_internals import nested_consts
+from jaxdist._layout import is_tracer
+from jaxdist._state import capture as _capture
+from jaxdist._state import watch as _watch
+from jaxdist._validate import describe
+
+
+def check_not_stacked(fn: Callable, chains: list, consts: list) -> None:
+    """Raises where the step read a distributed value's stacked array (all replicas'
+    components: ``jax.tree`` over a `PerReplica` kept on ``self``) as its own."""
+    for chain, const in zip(chains, consts):
+        if chain is None:
+            continue
+        for k, (kind, _) in enumerate(chain):
+            if kind == "stacked":
+                where = _watch.describe(fn, chain[:k])
+                raise RuntimeError(
+                    f"The step {describe(fn)} read {where}, a distributed value (one component "
+                    f"per replica), as the array of all its components (shape "
+                    f"{tuple(np.shape(const))}): a step sees only its own replica's component. "
+                    f"Pass it to strategy.run as an argument (strategy.run(step, args=({where}, "
+                    "...))), which gives each replica its component, or store a value that is "
+                    "the same on every replica (strategy.reduce) on the object."
+                )
+
+
+# the package's folder, wherever in it this module is
+_HERE = os.path.dirname(os.path.abspath(sys.modules[__name__.partition(".")[0]].__file__ or ""))
+
+
+def warn_frozen(fn: Callable, body: Callable, examples: Sequence[Any], axis_env: list) -> None:
+    """Warns naming the arrays of ``fn``'s state that ``body`` (traced inside a user's
+    compile) reads: each is a constant of that compile (in ``jd.function``'s trace, an
+    input it reads afresh: no warning). Raises where the step reads a distributed value
+    of its state as the array of all its components, as an eager step does.
+
+    >>> import warnings, jax, jax.numpy as jnp, jaxdist as jd
+    >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    >>> box = {"w": jnp.ones(())}
+    >>> with warnings.catch_warnings(record=True) as seen:
+    ...     warnings.simplefilter("always")
+    ...     _ = jax.jit(lambda: s.run(lambda: box["w"] * 2))()
+    >>> any("the state it reads (box['w'])" in str(w.message) for w in seen)
+    True
+    """
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    if code is not None and code.co_filename.startswith(_HERE):
+        return  # jaxdist's own steps (Keras') pass their state as arguments
+    try:
+        closed = jax.make_jaxpr(body, axis_env=axis_env)(*examples)
+    except Exception:  # noqa: BLE001 - the real call reports the step's own errors
+        return
+    consts = [
+        c
+        for c in [*closed.consts, *nested_consts(closed.jaxpr)]
+        if (isinstance(c, jax.Array) and not is_tracer(c))
+        or (isinstance(c, np.ndarray) and c.dtype != object)
+    ]
+    chains = _capture.locate(fn, consts) if consts else []
+    check_not_stacked(fn, chains, consts)
+    if _context.in_function():
+        return
+    found = [_watch.describe(fn, c) for c in chains if c is not None]
+    found += [  # Python numbers of the state: baked in as well
+        _watch.describe(fn, chain)
+        for chain, value, how in _watch.watch(fn)
+        if how == "value" and type(value) in (int, float)
+    ]
+    if not found:
+        return
+    names = ", ".join(found[:4])
+    more = f" and {len(found) - 4} more" if len(found) > 4 else ""
+    warnings.warn(
+        f"strategy.run({describe(fn)}) is traced inside your own jax.jit (or lax loop): "
+        f"the state it reads ({names}{more}) is baked into that compiled function as "
+        "constants, so a later change (an optimizer step, a checkpoint restore) is not "
+        "seen. Decorate the function that calls strategy.run with @jd.function instead of "
+        "jax.jit (it reads state afresh on every call and writes back what it assigns, as "
+        "tf.function does), or pass the state to it as arguments.",
+        RuntimeWarning,
+        stacklevel=4,
+    )

@@ -1,0 +1,245 @@
+"""The names a step's code uses: which globals it loads, and which attributes it reads.
+
+`jaxdist._state.capture` walks from a step to its state along these names first and trusts
+a path through them over another; `jaxdist._state.watch` compares only the Python values
+found under them. The names come from the code objects (``co_names`` and the global
+load instructions), those of nested code and those of the methods and properties
+the code calls on the objects met.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import operator
+import os
+import sys
+import sysconfig
+import types
+import weakref
+from typing import Any
+
+from jaxdist._state import peek as _peek
+
+
+@functools.lru_cache(maxsize=1024)
+def global_names(code: types.CodeType) -> frozenset[str]:
+    """The globals a code object (and the code nested in it) reads: the names of its
+    global loads, not its attribute names (``model.params`` does not read a global
+    ``params``).
+
+    >>> def step(x):
+    ...     return model.params["w"] + x
+    >>> sorted(global_names(step.__code__))
+    ['model']
+    """
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_OPS}
+    for c in code.co_consts:
+        if _peek.is_a(c, types.CodeType):
+            names |= global_names(c)
+    return frozenset(names)
+
+
+_GLOBAL_OPS = ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL")
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    """Its names, and the strings it holds that could be names (``getattr(t, "lr")``,
+    ``vars(t)["lr"]``, ``operator.attrgetter("lr")``)."""
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if _peek.is_a(c, types.CodeType):
+            names |= _code_names(c)
+        elif _peek.is_a(c, str) and c.isidentifier():
+            names.add(c)
+    return names
+
+
+@functools.lru_cache(maxsize=1024)
+def imported_modules(code: types.CodeType) -> frozenset[str]:
+    """The modules a code object (and the code nested in it) imports when it runs
+    (``import config`` inside the step; ``from pkg import config`` gives ``pkg`` and
+    ``pkg.config``).
+
+    >>> def step():
+    ...     import json
+    ...     from os import path
+    ...     return json, path
+    >>> sorted(imported_modules(step.__code__))
+    ['json', 'os', 'os.path']
+    """
+    out: set[str] = set()
+    module = None
+    for i in dis.get_instructions(code):
+        if i.opname == "IMPORT_NAME":
+            module = i.argval
+            out.add(module)
+        elif i.opname == "IMPORT_FROM" and module is not None:
+            out.add(f"{module}.{i.argval}")
+    for c in code.co_consts:
+        if _peek.is_a(c, types.CodeType):
+            out |= imported_modules(c)
+    return frozenset(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def code_names(code: types.CodeType) -> frozenset[str]:
+    """The global and attribute names a code object (and the code nested in it) uses;
+    `BY_TREE` among them when it calls tree functions, `BY_NAME` when it is the
+    program's own code (not the standard library, an installed package or jaxdist) and
+    reads attributes by a computed name."""
+    names = _code_names(code)
+    if reads_by_name(code) and _users(code.co_filename):
+        names.add(BY_NAME)
+    if names & _TREE_FUNCTIONS:
+        names.add(BY_TREE)
+    return frozenset(names)
+
+
+BY_NAME = "<by name>"  # not an identifier: never an attribute's name
+# the code calls tree functions (``jax.tree.leaves(hp)``): every field of a pytree node
+# it reaches by a name it uses may be read
+BY_TREE = "<by tree>"
+_TREE_FUNCTIONS = frozenset(
+    ("tree", "tree_util", "tree_leaves", "tree_map", "tree_flatten", "tree_reduce", "leaves")
+)
+
+
+def _users(filename: str) -> bool:
+    """A file of the user's program: not an installed package, the standard library
+    or jaxdist itself."""
+    if "site-packages" in filename or "dist-packages" in filename:
+        return False
+    return not filename.startswith((_PACKAGE, _STDLIB))
+
+
+# jaxdist's folder, wherever in it this module is
+_PACKAGE = os.path.dirname(os.path.abspath(sys.modules[__name__.partition(".")[0]].__file__ or ""))
+
+
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+def users_class(cls: type) -> bool:
+    """A class of the user's program (`_users`), a notebook's included."""
+    module = sys.modules.get(cls.__module__)
+    filename = getattr(module, "__file__", None) if module is not None else None
+    if filename is None:  # ``__main__`` of a notebook or an interactive session
+        return cls.__module__ == "__main__"
+    return _users(filename)
+
+
+def add_held_name(value: str, chain: tuple, named: set[str], is_named: Any) -> None:
+    """Adds to ``named`` a string the code holds under names it uses (a global
+    ``NAME = "lr"``, ``self.key``, a default argument): the code may read an
+    attribute by it (``getattr(t, NAME)``)."""
+    if value.isidentifier() and value not in named and is_named(chain, named):
+        named.add(value)
+
+
+@functools.lru_cache(maxsize=1024)
+def reads_by_name(code: types.CodeType) -> bool:
+    """Whether a code object (or the code nested in it) reads attributes by a name
+    it computes: it calls ``getattr``, ``vars`` or ``operator.attrgetter``, or reads
+    ``__dict__``. Then any attribute of an object it reaches may be one it reads.
+
+    >>> def step(t, name):
+    ...     return getattr(t, name)
+    >>> reads_by_name(step.__code__)
+    True
+    """
+    if set(code.co_names) & _BY_NAME:
+        return True
+    return any(_peek.is_a(c, types.CodeType) and reads_by_name(c) for c in code.co_consts)
+
+
+_BY_NAME = frozenset(("getattr", "vars", "attrgetter", "__dict__"))
+
+
+def add_names(obj: Any, named: set[str]) -> None:
+    """Adds to ``named`` the names a function's code uses, or those of ``obj``'s methods
+    that ``named`` names."""
+    if _peek.is_a(obj, types.FunctionType):
+        named |= code_names(obj.__code__)
+    elif type(obj) in (operator.attrgetter, operator.methodcaller):
+        named |= _getter_names(obj)
+    else:
+        _add_method_names(obj, named)
+
+
+def _getter_names(getter: Any) -> set[str]:
+    """The attribute names an ``operator.attrgetter`` (``"lr"``, ``"opt.lr"``) or the
+    method name an ``operator.methodcaller`` made anywhere reads (its C-level
+    ``__reduce__``: no user code).
+
+    >>> sorted(_getter_names(operator.attrgetter("lr", "opt.beta")))
+    ['beta', 'lr', 'opt']
+    """
+    reduced = getter.__reduce__()
+    args = reduced[1] if type(getter) is operator.attrgetter else (getter.__reduce__()[1][:1])
+    if type(reduced[0]) is functools.partial:  # a methodcaller with keyword arguments
+        args = reduced[0].args[:1]
+    names = {part for a in args if type(a) is str for part in a.split(".")}
+    return {n for n in names if n.isidentifier()}
+
+
+def _add_method_names(obj: Any, named: set[str]) -> None:
+    """Adds to ``named`` the names used by the methods and properties of ``obj``'s class
+    that ``named`` names (``self.scale()`` reading ``self.lr``), until none is new."""
+    methods = _methods(obj if _peek.is_a(obj, type) else type(obj))
+    todo = [m for m in methods if m in named or _by_syntax(m)]
+    while todo:
+        new = methods[todo.pop()] - named
+        named |= new
+        todo += [m for m in new if m in methods]
+
+
+def _by_syntax(name: str) -> bool:
+    """A method Python calls for syntax on an object (``t.fn(x)``: ``__call__``; ``a +
+    b``: ``__add__``; ``v[i]``: ``__getitem__``), not by a name the code uses.
+
+    >>> _by_syntax("__call__"), _by_syntax("__radd__"), _by_syntax("__init__")
+    (True, True, False)
+    """
+    if name in _SYNTAX:
+        return True
+    return name[:3] in ("__r", "__i") and f"__{name[3:]}" in _SYNTAX
+
+
+# (not the comparisons: a dataclass's generated ``__eq__`` names every field, and a step
+# compares numbers, not its state's objects)
+_SYNTAX = frozenset(
+    f"__{n}__"
+    for n in (
+        "call getitem contains len iter next bool float int index array jax_array "
+        "add sub mul truediv floordiv mod pow matmul lshift rshift and or xor "
+        "neg pos abs invert enter exit"
+    ).split()
+)
+
+
+def _methods(cls: type) -> dict[str, frozenset[str]]:
+    """The names each Python method or property of ``cls`` uses (kept while ``cls`` lives)."""
+    try:
+        return _METHODS[cls]
+    except (KeyError, TypeError):
+        pass
+    out: dict[str, frozenset[str]] = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        if klass.__module__ == "builtins":
+            continue
+        for name, attr in list(vars(klass).items()):
+            if _peek.is_a(attr, property):
+                attr = attr.fget
+            elif _peek.is_a(attr, (staticmethod, classmethod)):
+                attr = attr.__func__
+            if _peek.is_a(attr, types.FunctionType):
+                out[name] = code_names(attr.__code__)
+    try:
+        _METHODS[cls] = out
+    except TypeError:  # not weakly referenceable
+        pass
+    return out
+
+
+_METHODS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -1,0 +1,234 @@
+"""Python numbers in a step's state as traced inputs, as Python numbers in ``args`` are.
+
+A trace bakes in the Python numbers the step reads (``self.lr``, a ``global CALLS``).
+When one of them changes between calls (a schedule the host sets, a counter the step
+increments), tracing again for every value would compile without end. Instead, the
+next trace of that step's code reads a tracer at that place: jaxdist puts a tracer
+there for the length of the trace (`swapped`) and puts the number back after, so the
+program takes the number as an input from then on: one more compile in total. A value
+the step writes there (``self.calls += 1``) becomes an output, written back as a
+Python number of the same type after each call (TF eager runs the step's Python on
+every call; the count is the same).
+
+Where the step needs the concrete value (``range(self.n)``, ``if self.lr > 0``), the
+trace with a tracer fails; the number stays part of the trace (`make_static`), as a
+static argument is. Only places the step's state owns outright are written: an
+instance's own attribute, a dict or list item, a global, a closure cell, a function
+attribute, a class attribute.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextvars
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxdist._state import capture as _capture
+from jaxdist._state import peek as _peek
+from jaxdist._state.capture import Chain
+
+_MAX_CODES = 256
+# held while a call reads the numbers of a step's state and stores those it computes
+# from them (`jaxdist._state.stage.Staged.inputs`): two threads counting lose no count
+LOCK = threading.RLock()
+_PROMOTED: collections.OrderedDict = collections.OrderedDict()  # code -> {chain}
+_STATIC: collections.OrderedDict = collections.OrderedDict()  # code -> {chain}
+
+
+def is_number(x: Any) -> bool:
+    """A Python int or float (not a bool: a bool decides Python control flow).
+
+    >>> is_number(1), is_number(0.5), is_number(True)
+    (True, True, False)
+    """
+    return type(x) in (int, float)
+
+
+def _code(fn: Callable) -> Any:
+    return getattr(getattr(fn, "__func__", fn), "__code__", None)
+
+
+def _remembered(table: collections.OrderedDict, code: Any) -> set:
+    chains = table.setdefault(code, set())
+    table.move_to_end(code)
+    while len(table) > _MAX_CODES:
+        table.popitem(last=False)
+    return chains
+
+
+def remember(fn: Callable, chains: Sequence[Chain]) -> bool:
+    """Records that ``fn``'s code reads changing numbers at ``chains``; False when none
+    of them can become an input (not writable, or the step needs its value)."""
+    code = _code(fn)
+    static = _STATIC.get(code, set())
+    new = [c for c in chains if c not in static and writable(fn, c)]
+    if code is None or not new:
+        return False
+    _remembered(_PROMOTED, code).update(new)
+    return True
+
+
+def make_static(fn: Callable, chains: Sequence[Chain]) -> None:
+    """The step needs these numbers' values: they stay part of its traces."""
+    code = _code(fn)
+    _remembered(_STATIC, code).update(chains)
+    _PROMOTED.get(code, set()).difference_update(chains)
+
+
+def promoted(fn: Callable) -> tuple[Chain, ...]:
+    """The chains of ``fn``'s code that are traced inputs and hold a number now."""
+    chains = _PROMOTED.get(_code(fn), ())
+    out = []
+    for chain in sorted(chains, key=repr):
+        try:
+            if is_number(_capture.fetch(fn, chain)):
+                out.append(chain)
+        except _capture.Gone:
+            continue
+    return tuple(out)
+
+
+def spec(value: Any) -> jax.ShapeDtypeStruct:
+    """The abstract value JAX gives a Python number of ``value``'s type passed as an
+    argument (weak type; by type only: an int past int32 is traced as one, its written
+    values computed on the host, `jaxdist._state.hostnum`).
+
+    >>> spec(3_000_000_000).dtype == spec(1).dtype
+    True
+    """
+    aval = jax.typeof(type(value)(0))
+    return jax.ShapeDtypeStruct((), aval.dtype, weak_type=True)
+
+
+def writable(fn: Callable, chain: Chain) -> bool:
+    kind, _ = chain[-1]
+    if kind not in _SETTERS:
+        return False
+    try:
+        parent = _capture.fetch(fn, chain[:-1])
+    except _capture.Gone:
+        return False
+    if kind == "item":
+        return type(parent) in (dict, list) or _peek.is_a(parent, (dict, list))
+    if kind == "attr":
+        return _peek.instance_dict(parent) is not None
+    if kind == "getattr":
+        return _peek.is_a(parent, type)
+    return True
+
+
+def put(fn: Callable, chain: Chain, value: Any) -> None:
+    """Stores ``value`` at the end of ``chain`` (a place `writable` accepts)."""
+    kind, key = chain[-1]
+    _SETTERS[kind](_capture.fetch(fn, chain[:-1]), key, value)
+
+
+def _set_item(parent: Any, key: Any, value: Any) -> None:
+    (dict.__setitem__ if _peek.is_a(parent, dict) else list.__setitem__)(parent, key, value)
+
+
+_SETTERS: dict[str, Callable[[Any, Any, Any], None]] = {
+    "attr": lambda o, k, v: (_peek.instance_dict(o) or {}).__setitem__(k, v),
+    "item": _set_item,
+    "global": lambda o, k, v: o.__globals__.__setitem__(k, v),
+    "cell": lambda o, k, v: setattr(o.__closure__[k], "cell_contents", v),
+    "fattr": lambda o, k, v: o.__dict__.__setitem__(k, v),
+    "getattr": lambda o, k, v: type.__setattr__(o, k, v),
+}
+
+
+class Swapped:
+    """Within ``with``: the tracers at ``chains``; after: the numbers back, and in
+    ``written`` the values the step stored at them (index and value).
+
+    A partial-batch step traces the step once per group of replicas, each in a trace
+    of its own inside this one (`jaxdist._partial.replay`): each group starts from the
+    tracers (`restart`), gives what it wrote as outputs of its own trace
+    (`pending`), and the values replica 0 computed are what the step wrote (`settle`).
+    """
+
+    def __init__(self, fn: Callable, chains: Sequence[Chain], tracers: Sequence[Any]) -> None:
+        self._fn, self._chains, self._tracers = fn, chains, tracers
+        self._saved: list = []
+        self._token: Any = None
+        self.written: list[tuple[int, Any]] = []
+
+    def __enter__(self) -> Swapped:
+        for chain, tracer in zip(self._chains, self._tracers):
+            self._saved.append(_capture.fetch(self._fn, chain))
+            put(self._fn, chain, tracer)
+        self._token = _ACTIVE.set(self)
+        return self
+
+    def restart(self) -> None:
+        """The tracers back at their places (a group's trace begins)."""
+        for chain, tracer in zip(self._chains, self._tracers):
+            put(self._fn, chain, tracer)
+
+    def pending(self) -> list[tuple[int, Any]]:
+        """What the step stored at the places since `restart`: (index, value)."""
+        out = []
+        for i, (chain, tracer) in enumerate(zip(self._chains, self._tracers)):
+            try:
+                now = _capture.fetch(self._fn, chain)
+            except _capture.Gone:
+                continue
+            if now is not tracer:
+                out.append((i, now))
+        return out
+
+    def now(self) -> list[Any]:
+        """The values at the places now (a tracer, or what the step stored there)."""
+        return [_capture.fetch(self._fn, chain) for chain in self._chains]
+
+    def put_back(self, values: Sequence[Any]) -> None:
+        """Stores ``values`` at the places (as `now` gave them)."""
+        for chain, value in zip(self._chains, values):
+            put(self._fn, chain, value)
+
+    def settle(self, written: Sequence[int], values: Sequence[Any]) -> None:
+        """Stores at the places ``written`` the step's values there (of this trace)."""
+        self.restart()
+        for i, value in zip(written, values):
+            put(self._fn, self._chains[i], value)
+
+    def __exit__(self, *exc: Any) -> None:
+        _ACTIVE.reset(self._token)
+        for i, (chain, tracer) in enumerate(zip(self._chains, self._tracers)):
+            try:
+                now = _capture.fetch(self._fn, chain)
+            except _capture.Gone:
+                now = tracer
+            if now is not tracer:
+                self.written.append((i, now))
+        # last first: one place reached by two chains (a global and a cell holding the
+        # same function) gets back what was there before the first swap
+        for chain, old in reversed(list(zip(self._chains, self._saved))):
+            put(self._fn, chain, old)
+
+
+def swapped() -> Swapped | None:
+    """The numbers swapped for tracers in the trace being made, if any."""
+    return _ACTIVE.get()
+
+
+_ACTIVE: contextvars.ContextVar[Swapped | None] = contextvars.ContextVar(
+    "jaxdist_swapped_numbers", default=None
+)
+
+
+def write_back(fn: Callable, chains: Sequence[Chain], written: list, values: list) -> None:
+    """Stores each written value (replica 0's, a Python number of the type there now)."""
+    for (i, _), value in zip(written, values):
+        try:
+            old = _capture.fetch(fn, chains[i])
+        except _capture.Gone:
+            continue
+        row = np.asarray(value)
+        number = row.reshape(-1)[0].item() if row.size else row.item()
+        put(fn, chains[i], type(old)(number) if is_number(old) else number)

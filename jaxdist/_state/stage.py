@@ -1,0 +1,538 @@
+"""A step traced once, whose captured state is read again on every eager call.
+
+`Staged` traces a step body to a jaxpr (`jax.make_jaxpr`, with the replica axis
+bound when the body uses collectives). The arrays the body read from outside
+its arguments are the jaxpr's constants; those that `jaxdist._state.capture.locate`
+finds in the step's state become inputs of the program, fetched afresh on every
+call (`Staged.inputs`), so an eager step never computes with a stale array and
+is not traced again when only their values change. Python numbers of the state
+that change between calls become inputs as well (`jaxdist._state.promote`). The program
+itself is `Staged.evaluate`, which jaxdist then maps over the replicas (`jax.pmap`)
+or compiles (`jax.jit`).
+
+Why locate state once per trace rather than run the step's Python on every call
+(TF eager's way, complete by construction): a fresh trace of an MLP training step
+costs about a third of the step itself on CPU, so a step that reads no state could
+not stay near raw `jax.pmap`. Where locating cannot know that a value is current,
+the trace says so: a distributed value read as its stacked array is an error, a
+NumPy array computed from NumPy state a warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
+
+from jaxdist import _jax_internals
+from jaxdist._jax_internals import nested_consts
+from jaxdist._layout import is_tracer
+from jaxdist._state import assign as _assign
+from jaxdist._state import capture as _capture
+from jaxdist._state import hostnum as _hostnum
+from jaxdist._state import placed as _placed
+from jaxdist._state import promote as _promote
+from jaxdist._state import watch as _watch
+from jaxdist._state.frozen import check_not_stacked
+from jaxdist._validate import describe
+
+
+def _spec(x: Any) -> Any:
+    aval = jax.typeof(x)
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=getattr(aval, "weak_type", False))
+
+
+def example(x: Any, mapped: bool) -> Any:
+    """The abstract value of one replica's part of ``x`` (a row when ``mapped``)."""
+    spec = _spec(x)
+    if mapped:
+        return jax.ShapeDtypeStruct(spec.shape[1:], spec.dtype, weak_type=spec.weak_type)
+    return spec
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray)) and not is_tracer(x)
+
+
+def captured_ids(fn: Callable, strict: bool = False) -> tuple:
+    """What a function captures (closure cells, default arguments): functions by their
+    code and captures, other objects by identity; arrays and Python scalars by type
+    only unless ``strict`` (they are read afresh). See `jaxdist._state.watch.function_key`."""
+    return _watch.function_key(fn, strict)[2]
+
+
+def _warn_unfound_arrays(fn: Callable, unfound: list) -> None:
+    """Warns once per trace where the step read JAX arrays that existed before its trace
+    but are not where jaxdist looks for state (an installed package's global, an object
+    reached only through a C extension or a call it cannot follow): each stays a
+    constant of the program."""
+    arrays = [c for c in unfound if isinstance(c, jax.Array)]
+    if not arrays:
+        return
+    what = ", ".join(f"{c.dtype}{list(c.shape)}" for c in arrays[:3])
+    warnings.warn(
+        f"The step {describe(fn)} read {len(arrays)} JAX array(s) ({what}) that jaxdist "
+        "could not find in the state it can reach from the step (its closure, globals, "
+        "object and what they hold): an installed package's global, or an object reached "
+        "only through a call. Each is a constant of the compiled step, so a later change "
+        "is not seen. Pass it to strategy.run as an argument, or keep it on the step's "
+        "object or in a global of your program.",
+        RuntimeWarning,
+        stacklevel=5,
+    )
+
+
+def _warn_numpy_copies(fn: Callable, unfound: list, strided: list) -> None:
+    """Warns once per trace where a step whose state holds NumPy arrays made a NumPy
+    array jaxdist cannot trace back to it (``np.exp(self.w)``, a view of a Fortran-ordered
+    or strided array that JAX copied): it stays a constant of the program."""
+    copies = [c for c in unfound if isinstance(c, np.ndarray)]
+    if not copies:
+        return
+    what = ", ".join(f"{c.dtype}{list(c.shape)}" for c in copies[:3])
+    if strided:
+        what += f"; perhaps views of {', '.join(strided[:3])} (not C-contiguous: copied)"
+    warnings.warn(
+        f"The step {describe(fn)} reads NumPy arrays from its state and computed "
+        f"{len(copies)} NumPy array(s) ({what}) that are not in it (np.exp(self.w), "
+        "x.astype(...), a view of a Fortran-ordered or strided array): each is a constant "
+        "of the compiled step, so a later change of the data it came from is not seen. "
+        "Use jax.numpy on the state instead (jnp.exp(self.w), jnp.asarray(table)[1]), "
+        "or pass the result to strategy.run as an argument.",
+        RuntimeWarning,
+        stacklevel=5,
+    )
+
+
+def _stored_tracer(fn: Callable, where: str) -> RuntimeError:
+    return RuntimeError(
+        f"The step {describe(fn)} stored a value it computed in {where} (a JAX "
+        "tracer): jaxdist traces the step once, so an assignment inside it does not "
+        "happen on every call, and the stored tracer is invalid once the trace ends. "
+        f"Return the new value from the step and assign it after strategy.run "
+        f"({where} = strategy.run(...)), as with a tf.Variable's assign, or make the "
+        "function that calls strategy.run a jd.function, which writes back what it assigns."
+    )
+
+
+_NOWHERE = object()  # what `locate_all` looks for in place of a fed array: never found
+
+
+class Staged:
+    """``body`` traced once on ``examples``; what it read from ``fn``'s state is an input.
+
+    Args:
+        fn: the user's step function (where captured state is looked for).
+        body: the function to trace; takes the flat arguments, returns a list of arrays.
+        examples: abstract values of the arguments.
+        axis_env: ``[(axis_name, size)]`` when ``body`` uses collectives.
+        outputs: a function giving, after the trace, the arrays ``body`` returned
+            that are not traced (read again on every call too, when found).
+        numbers: whether Python numbers of the state that change between calls become
+            inputs (`jaxdist._state.promote`; the caller then calls `write_back` after each
+            call, for the numbers the step itself changes).
+    """
+
+    def __init__(
+        self,
+        fn: Callable,
+        body: Callable[..., list],
+        examples: Sequence[Any],
+        axis_env: list | None = None,
+        outputs: Callable[[], list] = list,
+        numbers: bool = False,
+        writes: bool = False,
+        fed: Callable[[], list] | None = None,
+    ) -> None:
+        # the Python values read before the trace: a step that changes one (``self.n +=
+        # 1``) makes the number an input of the program (`jaxdist._state.promote`)
+        watched = _watch.watch(fn)
+        first = _promote.promoted(fn) if numbers else ()
+        before = {id(a): a for a in jax.live_arrays()}  # kept: no id is reused meanwhile
+        self._writes = writes
+        self._fed_arrays = fed or list
+        closed, numbers_used = self._trace(fn, body, examples, axis_env, first, ())
+        counters = _watch.moved_numbers(fn, watched) if numbers else []
+        if counters and _promote.remember(fn, counters):  # numbers the step changed
+            for chain, value, _ in watched:
+                if chain in counters:  # as before the trace: the program counts this call
+                    _promote.put(fn, chain, value)
+            closed, numbers_used = self._trace(
+                fn, body, examples, axis_env, _promote.promoted(fn), ()
+            )
+        fed_ids = {id(a) for a in self._fed_arrays()}
+        if fed_ids & {id(c) for c in nested_consts(closed.jaxpr)}:
+            raise RuntimeError(
+                f"The jd.function {describe(fn)} read a batch from a distributed iterator and "
+                "a jitted function it calls closed over it (a constant of that function): "
+                "pass the batch to that function as an argument."
+            )
+        swaps, unfound_nested = self._nested(fn, closed, before)
+        if swaps:  # arrays read inside nested jaxprs: traced again with tracers there
+            try:
+                closed, numbers_used = self._trace(
+                    fn, body, examples, axis_env, numbers_used, swaps
+                )
+            except Exception:  # noqa: BLE001 - NumPy code on a NumPy array of the state
+                unfound_nested += [a for _, a in swaps if isinstance(a, np.ndarray)]
+                swaps = [(c, a) for c, a in swaps if not isinstance(a, np.ndarray)]
+                closed, numbers_used = self._trace(
+                    fn, body, examples, axis_env, numbers_used, swaps
+                )
+        self._numbers = numbers_used
+        self._swaps = [(c, a.shape, a.dtype) for c, a in swaps]
+        self._types = [type(_capture.fetch(fn, c)) for c in numbers_used]
+        self._promote = numbers
+        self._watched = tuple(w for w in _watch.settle(fn, watched) if w[0] not in numbers_used)
+        self._checker = _watch.Checker(self._watched)
+        where = _watch.leaked(fn)
+        if where is not None:
+            raise _stored_tracer(fn, where)
+        self._lift(fn, closed, outputs, before, unfound_nested)
+        self._jaxpr = closed.jaxpr
+        chains = [*self._numbers, *(c for c, *_ in self._swaps), *(c for _, c, *_ in self._lifted)]
+        self._fetcher = _capture.Fetcher(chains)
+        self._array_checks = [*self._swaps, *((c, s, d) for _, c, s, d in self._lifted)]
+        self._fresh = True
+        self.num_inputs = len(chains)
+        # nothing to fetch, compare or place on a call: `inputs` ends after its checks
+        self._nothing = not (chains or self._aliases or self._outs)
+
+    def _lift(self, fn: Callable, closed: Any, outputs: Callable, before: dict, nested: list):
+        """The arrays read from state that are constants of the trace become inputs (and
+        those of ``fed`` elements: inputs given after the state's)."""
+        fed = {id(a): j for j, a in enumerate(self._fed_arrays())}
+        self._n_fed = len(fed)
+        self._fed = [(i, fed[id(c)]) for i, c in enumerate(closed.consts) if id(c) in fed]
+        consts: list[Any] = [None if id(c) in fed else c for c in closed.consts]
+        out_consts = [x for x in outputs() if _is_array(x)]
+        limits: dict = {}
+        probe = [_NOWHERE if c is None else c for c in consts] + out_consts
+        found = _capture.locate_all(fn, probe, limits) if len(fed) < len(probe) else []
+        chains = [c[0] if c else None for c in found] or [None] * len(probe)
+        if not self._writes:  # (jd.function reads distributed values whole, as TF does)
+            check_not_stacked(fn, chains[: len(consts)], consts)
+        unfound = [c for c, ch in zip(consts, chains) if ch is None and c is not None]
+        if limits.get("numpy") or any(isinstance(c, np.ndarray) for c in nested):
+            strided = [_watch.describe(fn, c) for c in limits.get("strided", [])]
+            _warn_numpy_copies(fn, unfound + nested, strided)
+        if not limits.get("truncated"):  # (`locate_all` has warned then)
+            _warn_unfound_arrays(fn, [c for c in unfound if id(c) in before] + nested)
+        lifted = [(i, c) for i, c in enumerate(chains[: len(consts)]) if c is not None]
+        self._lifted = [(i, c, np.shape(consts[i]), consts[i].dtype) for i, c in lifted]
+        # one array read under two names was traced as one: valid while they hold one array
+        self._aliases = [(k, c) for k, (i, _) in enumerate(lifted) for c in found[i][1:]]
+        for i, _ in lifted:
+            consts[i] = None  # not kept: read again on every call
+        # valid for another function of the same code only if it captures the same
+        # objects (its arrays and numbers are read afresh, unless some were baked in)
+        self._strict = any(c is not None for c in consts)
+        self._captured = captured_ids(fn, self._strict)
+        self._consts = consts
+        self._outs = {id(x): c for x, c in zip(out_consts, chains[len(consts) :]) if c is not None}
+
+    @staticmethod
+    def _nested(fn: Callable, closed: Any, before: dict) -> tuple[list, list]:
+        """The arrays of the state read inside nested jaxprs (a jitted helper; a
+        ``strategy.run`` traced inside ``jd.function``): ``[(chain, array)]`` where a
+        tracer can be put in their place (a NumPy view: in its array's place), and
+        the arrays that stay constants."""
+        nested = [
+            c
+            for c in nested_consts(closed.jaxpr)
+            if (isinstance(c, jax.Array) and not is_tracer(c) and id(c) in before)
+            or (isinstance(c, np.ndarray) and c.dtype != object)
+        ]
+        if not nested:
+            return [], []
+        found = _capture.locate_all(fn, nested)
+        swaps, kept, seen = [], [], set()
+        for array, chains in zip(nested, found):
+            bases = [c[:-1] if c[-1][0] == "view" else c for c in chains]
+            chain = next((c for c in bases if _assign.can_replace(fn, c)), None)
+            if chain is None:
+                kept.append(array)
+            elif chain not in seen:
+                seen.add(chain)
+                swaps.append((chain, _capture.fetch(fn, chain)))
+        return swaps, kept
+
+    def _trace(
+        self,
+        fn: Callable,
+        body: Callable,
+        examples: Sequence,
+        axis_env: Any,
+        numbers,
+        swaps=(),
+        fallback: bool = True,
+    ):
+        """``body`` traced with the arrays at ``swaps`` and the numbers at ``numbers`` as
+        inputs after ``examples`` (numbers whose values the step needs static, unless not
+        ``fallback``: then it raises); the trace and the numbers used. The numbers are the
+        last inputs and the numbers the step wrote the last outputs (`jaxdist._state.hostnum`)."""
+        self._written: list = []
+        self._assigned: list = []
+        chains = [c for c, _ in swaps]
+
+        def traced(*args: Any) -> list:
+            k = len(args) - len(numbers) - len(swaps)
+            mine, nums = args[k : k + len(swaps)], args[k + len(swaps) :]
+            with _promote.Swapped(fn, numbers, nums) as swap:
+                with _assign.Swapped(fn, chains, list(mine)) as arrays:
+                    before = _assign.snapshot(fn) if self._writes else {}
+                    try:
+                        outs = list(body(*args[:k]))
+                    except BaseException:
+                        if self._writes:  # what it assigned before failing is put back
+                            self._take_assigned(fn, before, set(numbers))
+                        raise
+                    arrays.check_written()
+                    if not self._writes and arrays.written:
+                        where = _watch.describe(fn, chains[arrays.written[0][0]])
+                        raise _stored_tracer(fn, where)
+                    extra = self._take_assigned(fn, before, set(numbers)) if self._writes else []
+            self._written = swap.written
+            return outs + extra + [jax.numpy.asarray(v) for _, v in swap.written]
+
+        specs = [_spec(a) for _, a in swaps]
+        specs += [_promote.spec(_capture.fetch(fn, c)) for c in numbers]
+        make = jax.make_jaxpr(traced, axis_env=axis_env or [])
+        if not numbers:
+            return make(*examples, *specs), ()
+        if not fallback:
+            return make(*examples, *specs), tuple(numbers)
+        try:
+            return make(*examples, *specs), tuple(numbers)
+        except Exception:  # noqa: BLE001 - the step needs a number's value: keep it static
+            return self._trace_static(fn, body, examples, axis_env, numbers, swaps)
+
+    def _take_assigned(self, fn: Callable, before: dict, skip: set) -> list:
+        """What the traced function assigned into its state (``self.params = new``): the
+        places recorded for `write_back`, the objects put back, the new arrays returned."""
+        trace = _jax_internals.current_trace()
+        ours = lambda x: isinstance(x, jax.core.Tracer) and getattr(x, "_trace", trace) is trace  # noqa: E731
+        places = _assign.assigned(fn, before, ours, skip)
+        out: list = []
+        for chain, _, new in places:
+            leaves, treedef = jax.tree.flatten(new)
+            traced = [ours(x) for x in leaves]
+            kept = [None if t else x for x, t in zip(leaves, traced)]
+            self._assigned.append((chain, treedef, kept))
+            out += [x for x, t in zip(leaves, traced) if t]
+        _assign.restore(fn, [(chain, old) for chain, old, _ in places])
+        return out
+
+    def _trace_static(
+        self, fn: Callable, body: Callable, examples: Sequence, axis_env, numbers, swaps
+    ):
+        """The trace where the step needs some numbers' values (``range(self.n)``): the
+        first number whose value alone makes the trace work stays static, the others
+        inputs; all static where no single one does (or the step fails anyway)."""
+        for chain in numbers if len(numbers) > 1 else ():
+            rest = tuple(c for c in numbers if c != chain)
+            try:
+                found = self._trace(fn, body, examples, axis_env, rest, swaps, fallback=False)
+            except Exception:  # noqa: BLE001 - not this one alone
+                continue
+            _promote.make_static(fn, [chain])
+            return found
+        _promote.make_static(fn, numbers)
+        return self._trace(fn, body, examples, axis_env, (), swaps)
+
+    def evaluate(self, *args: Any) -> list:
+        """The program: the traced body on ``args``, then the state's inputs in the order
+        `inputs` gives them (numbers, arrays put in place, captured arrays) and the fed
+        arrays (the jaxpr takes the numbers last)."""
+        k = len(args) - len(self._lifted) - self._n_fed
+        consts = list(self._consts)
+        for (i, *_), v in zip(self._lifted, args[k:]):
+            consts[i] = v
+        fed = args[len(args) - self._n_fed :]
+        for i, j in self._fed:
+            consts[i] = fed[j]
+        n, s = len(self._numbers), len(self._swaps)
+        head, nums, swaps = args[: k - n - s], args[k - n - s : k - s], args[k - s : k]
+        return jaxpr_as_fun(ClosedJaxpr(self._jaxpr, consts))(*head, *swaps, *nums)
+
+    def overwritten(self) -> list[int]:
+        """The indices, among the inputs after the step's arguments, of the arrays read
+        from places the function assigns (``self.params`` of ``self.params = new``)."""
+        places = [chain for chain, _, _ in self._assigned]
+        chains = [*self._numbers, *(c for c, *_ in self._swaps), *(c for _, c, *_ in self._lifted)]
+        return [
+            i
+            for i, chain in enumerate(chains)
+            if i >= len(self._numbers) and any(chain[: len(p)] == p for p in places)
+        ]
+
+    def write_back(self, fn: Callable, outs: list) -> None:
+        """Stores what the step wrote in its state: (``writes``) the values it assigned,
+        and the numbers it wrote that were computed on the device (the last outputs);
+        those computed on the host (`jaxdist._state.hostnum`) were stored by `inputs`, and
+        nothing waits for the device for them."""
+        end = len(outs) - len(self._written)
+        pending = [j for j in range(len(self._written)) if j not in self._plan.host]
+        if pending:
+            tail = outs[end:]
+            written = [self._written[j] for j in pending]
+            _promote.write_back(fn, self._numbers, written, [tail[j] for j in pending])
+        n = sum(sum(1 for x in leaves if x is None) for _, _, leaves in self._assigned)
+        it = iter(outs[end - n : end])
+        for chain, treedef, leaves in self._assigned:
+            value = treedef.unflatten([next(it) if x is None else x for x in leaves])
+            _assign.replace(fn, chain, value)
+
+    @functools.cached_property
+    def _plan(self) -> _hostnum.HostPlan:
+        first = len(self._jaxpr.invars) - len(self._numbers)
+        return _hostnum.plan(self._jaxpr, first, range(len(self._written)))
+
+    def inputs(self, fn: Callable, place: Callable[[Any], Any] | None = None) -> list | None:
+        """The captured arrays now, or None when ``fn``'s state no longer fits this trace
+        (a watched number changed, an array changed shape or dtype, or moved); `reason`
+        then says which check failed, naming the value.
+
+        ``place`` puts a JAX array where the program reads it; the placed copy is kept
+        while the state holds the same array (JAX arrays are immutable), so unchanged
+        state is not copied again on every call. NumPy arrays are placed every call
+        (they can change in place). The numbers the step writes that the host computes
+        (`jaxdist._state.hostnum`) are stored here, in the same critical section as the read
+        of the numbers they are computed from (two threads counting lose no count).
+        """
+        fresh, self._fresh = self._fresh, False  # the call that traced it ran the step
+        with _promote.LOCK:
+            out, self.reason = self._current(fn, fresh)
+            if out is None:
+                _watch.note_decline(self.reason)
+                return None
+            p = len(self._numbers)
+            if place is not None:
+                out[p:] = [self._place(k, v, place) for k, v in enumerate(out[p:])]
+        return out
+
+    def _current(self, fn: Callable, fresh: bool) -> tuple[list | None, str]:
+        """The values read now, or None and why they do not fit this trace."""
+        if captured_ids(fn, self._strict) != self._captured:
+            return None, "it captures other objects (a closure cell or default argument)"
+        if self._watched and not fresh and self._checker.changed(fn):
+            if self._promote:
+                _promote.remember(fn, _watch.moved_numbers(fn, self._watched))
+            return None, _watch.what_changed(fn, self._watched)
+        if self._nothing:
+            return [], ""
+        try:
+            out = self._fetcher.values(fn)
+        except _capture.Gone as e:
+            return None, f"a value it read is no longer there ({e})"
+        p = len(self._numbers)
+        for n, kind, chain in zip(out, self._types, self._numbers):
+            if type(n) is not kind:
+                where = _watch.describe(fn, chain)
+                return None, f"{where} is now a {type(n).__name__}, not a {kind.__name__}"
+        for v, (chain, shape, dtype) in zip(out[p:], self._array_checks):
+            if not _is_array(v) or v.shape != shape or v.dtype != dtype:
+                now = f"{v.dtype}{list(v.shape)}" if _is_array(v) else type(v).__name__
+                return None, (
+                    f"{_watch.describe(fn, chain)} is now {now}, not {dtype}{list(shape)}"
+                )
+        if self._aliases and not self._same_aliases(fn, out[p + len(self._swaps) :]):
+            return None, "two names that held one array when it was traced now hold two"
+        for chain in self._outs.values():
+            try:
+                _capture.fetch(fn, chain)
+            except _capture.Gone:
+                return None, f"{_watch.describe(fn, chain)}, which it returns, is gone"
+        if self._numbers:
+            wide = self._store_numbers(fn, out)
+            if wide:
+                return None, wide
+        return out, ""
+
+    def _store_numbers(self, fn: Callable, out: list) -> str:
+        """Stores the written numbers the host computes (Python's arithmetic, from the
+        numbers in ``out``); numbers only the host reads go to the device as zeros. An
+        integer the device computes with that is past int32 (where it would wrap) makes
+        the step's integers part of its trace instead, with a warning: why, or ""."""
+        values, wide = self._plan.run(out[: len(self._numbers)])
+        if wide:
+            return self._too_wide(fn, out)
+        stored = [self._numbers[self._written[j][0]] for j in self._plan.host]
+        self._unread = [(c, out[self._numbers.index(c)]) for c in stored]
+        for chain, value in zip(stored, values):
+            _promote.put(fn, chain, value)
+        for i in range(len(self._numbers)):
+            if i not in self._plan.device:
+                out[i] = type(out[i])(0)
+        return ""
+
+    _unread: list = []
+
+    def unread(self, fn: Callable) -> None:
+        """Puts back the numbers the last `inputs` stored (its call did not run: the
+        caller takes another program), so that a counter counts that call once."""
+        with _promote.LOCK:
+            for chain, value in self._unread:
+                _promote.put(fn, chain, value)
+            self._unread = []
+
+    def _too_wide(self, fn: Callable, out: list) -> str:
+        if self._wide:  # warned once: this trace is not used again
+            return self._wide
+        ints = [i for i in sorted(self._plan.device) if type(out[i]) is int]
+        chains = [self._numbers[i] for i in ints]
+        _promote.make_static(fn, chains)
+        what = ", ".join(f"{_watch.describe(fn, c)} = {out[i]}" for i, c in zip(ints, chains))
+        warnings.warn(
+            f"The step {describe(fn)} computes on the device with an integer past int32 "
+            f"(JAX without x64), from {what}: the device would wrap it, so these are part "
+            "of the trace from now on (each new value traces again; JAX refuses a Python "
+            "int past int32 in an array operation). Pass it to strategy.run as an argument "
+            "if it changes on every call, or compute with it in Python.",
+            RuntimeWarning,
+            stacklevel=6,
+        )
+        self._wide = f"{what} computes past int32 on the device"
+        return self._wide
+
+    _wide = ""
+
+    def _same_aliases(self, fn: Callable, values: list) -> bool:
+        for k, chain in self._aliases:
+            try:
+                if not _capture.same_array(_capture.fetch(fn, chain), values[k]):
+                    return False
+            except _capture.Gone:
+                return False
+        return True
+
+    def _place(self, k: int, v: Any, place: Callable[[Any], Any]) -> Any:
+        if not isinstance(v, jax.Array):
+            return place(v)
+        return _placed.placed(v, place)
+
+    def state(self, fn: Callable) -> dict[str, list[str]]:
+        """What this trace reads of ``fn``'s state, as Python names it (`explain`)."""
+        name = functools.partial(_watch.describe, fn)
+        host = {self._written[j][0] for j in self._plan.host}
+        return {
+            "arrays": [name(c) for c, *_ in self._array_checks],
+            "numbers": [name(c) for c in self._numbers],
+            "written": [
+                name(self._numbers[i]) + (" (Python's arithmetic)" if i in host else "")
+                for i, _ in self._written
+            ],
+            "checked": [_watch.shown(fn, w) for w in self._watched],
+        }
+
+    def output(self, fn: Callable, value: Any) -> Any:
+        """An untraced output ``value`` of the trace, as ``fn``'s state holds it now."""
+        chain = self._outs.get(id(value))
+        if chain is None:
+            return value
+        return _capture.fetch(fn, chain)

@@ -1,0 +1,445 @@
+"""The Python values a traced step depends on besides its arrays, and tracers it leaks.
+
+A trace bakes in the Python numbers, strings and functions the step reads from its
+state (`watch` records them before the trace; `changed` tells when one moved, which
+means a new trace, as a new static argument does). A JAX value the step stores in its
+state during the trace (`leaked`) is an error: the assignment would happen once.
+The walk from the step function to its state is `jaxdist._state.capture`'s.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+import types
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxdist._state import capture as _capture
+from jaxdist._state import names as _names
+from jaxdist._state import peek as _peek
+from jaxdist._state.capture import Chain
+
+
+def leaked(fn: Callable) -> str | None:
+    """Where ``fn``'s state holds a JAX tracer (a value the step computed and stored,
+    ``self.w = self.w + g``), as Python would name it; None if nowhere."""
+    for chain, child in _capture.walk(fn, set()):
+        if _peek.is_a(child, jax.core.Tracer):
+            return describe(fn, chain)
+    return None
+
+
+def describe(fn: Callable, chain: Chain) -> str:
+    """``chain`` as Python source would read it (``self.model.params['w']``)."""
+    out, obj = "", fn
+    for kind, key in chain:
+        if kind == "self":
+            out = "self"
+        elif kind == "cell":
+            out = obj.__code__.co_freevars[key]
+        elif kind == "global":
+            out = key
+        elif kind in ("default", "kwdefault", "parg", "pkw"):
+            out = f"{'default' if 'default' in kind else 'partial'} argument {key!r}"
+        elif kind in ("attr", "getattr", "fattr"):
+            out = (out or getattr(obj, "__name__", "fn")) + f".{key}"
+        elif kind == "item":
+            out += f"[{key!r}]"
+        elif kind == "child":
+            out += f".{key[2]}" if key[2] else f"[{key[1]}]"
+        obj = _capture.fetch(obj, ((kind, key),)) if kind != "view" else obj
+    return out
+
+
+def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
+    """The Python numbers, strings and functions ``fn`` reads from its state (through
+    names its code uses, a few levels deep), with their values now, and the classes of
+    the objects it reads there. A trace depends on them: `changed` tells when one moved.
+
+    Values: numbers, strings, None, NumPy scalars and 0-d arrays (JAX inlines those in
+    the program, so they are compared by value, a copy being kept). Identity: functions
+    and other callables that are not objects of a Python class (``jnp.tanh``, a jitted
+    function). Class: other objects (``self.loss = Huber()`` in place of ``MSE()``).
+    Size: lists, tuples, deques, dicts and partials (an entry added to what the step iterates over).
+    Values under dict keys that the code names come first in the bound.
+
+    >>> box = {"lr": 0.1}
+    >>> step = lambda x: x * box["lr"]
+    >>> seen = watch(step)
+    >>> changed(step, seen)
+    False
+    >>> box["lr"] = 0.2
+    >>> changed(step, seen)
+    True
+    """
+    out: list[tuple[Chain, Any, str]] = []
+    named: set[str] = set()
+    libraries = []  # modules of the standard library and installed packages
+    limits: dict = {}
+    opaque = []
+    for chain, value in list(_capture.walk(fn, named, limits)):
+        if _peek.is_a(value, _capture.OPAQUE):
+            opaque.append(chain)
+        if _peek.is_a(value, types.ModuleType) and not _capture.user_module(value):
+            libraries.append((chain, value))
+        if _peek.is_a(value, np.ndarray) and value.ndim == 0 and value.dtype != object:
+            out.append((chain, value.copy(), "value"))
+        elif type(value) in _EXACT or _peek.is_a(value, np.generic):
+            out.append((chain, value, "value"))
+        elif _peek.is_a(value, (list, dict, functools.partial, tuple, collections.deque)):
+            out.append((chain, _size(value), "size"))  # an entry more: ``for w in self.ws``
+        elif _peek.is_a(value, _PARTS):
+            continue  # arrays are inputs; tuples, methods: their parts
+        elif _tree_def(value) is not None:  # a pytree node (an nnx.Param): its structure
+            out.append((chain, _tree_def(value), "tree"))
+        elif _peek.instance_dict(value) is not None and not _plain_callable(value):
+            out.append((chain, type(value), "type"))
+        elif type(value) is types.FunctionType:  # the same code over the same captures
+            out.append((chain, function_key(value), "code"))
+        elif callable(value):
+            out.append(_identity(chain, value))
+    out += _library_values(libraries, named)
+    keys = named | _code_strings(fn)
+    by_name = _names.BY_NAME in named
+    out = [w for w in out if _capture.is_named(w[0], named) or (by_name and _by_name(fn, w, named))]
+    out.sort(key=lambda w: (not all(k in keys for kind, k in w[0] if kind == "item"), _ORDER[w[2]]))
+    _warn_opaque(fn, [c for c in opaque if _capture.is_named(c, named)])
+    if limits.get("truncated"):
+        warnings.warn(
+            f"jaxdist looked at {_capture.MAX_NODES:,} objects reachable from the step "
+            f"{getattr(fn, '__qualname__', fn)!r} and stopped: Python numbers and strings it "
+            "reads beyond them keep the value they had when it was traced. Pass changing "
+            "numbers to strategy.run as arguments.",
+            RuntimeWarning,
+            stacklevel=6,
+        )
+    if len(out) > _MAX_WATCHED:
+        warnings.warn(
+            f"The step {getattr(fn, '__qualname__', fn)!r} reads more than {_MAX_WATCHED} "
+            f"Python values from its state; {describe(fn, out[_MAX_WATCHED][0])} and "
+            f"{len(out) - _MAX_WATCHED - 1} more keep the value they had when it was traced. "
+            "Pass changing numbers to strategy.run as arguments.",
+            RuntimeWarning,
+            stacklevel=6,
+        )
+    return tuple(out[:_MAX_WATCHED])
+
+
+def _warn_opaque(fn: Callable, chains: list) -> None:
+    """Warns naming the proxies and thread-locals the step reaches by names it uses:
+    what it reads through them is a constant of the trace (reading them would run code)."""
+    if not chains:
+        return
+    where = ", ".join(
+        f"{describe(fn, c)} ({type(_capture.fetch(fn, c)).__name__})" for c in chains[:3]
+    )
+    warnings.warn(
+        f"The step {getattr(fn, '__qualname__', fn)!r} reaches {where}: jaxdist cannot look "
+        "through a weakref.proxy or a threading.local without running code, so the arrays "
+        "and numbers the step reads through it keep the values they had when it was "
+        "traced. Keep the state itself on the object (or a weakref.ref, which is read), or "
+        "pass it to strategy.run as an argument.",
+        RuntimeWarning,
+        stacklevel=6,
+    )
+
+
+def _identity(chain: Chain, value: Any) -> tuple[Chain, Any, str]:
+    """A callable watched by identity, held weakly where it can be (a jitted bound
+    method of the step's object, ``self.act = jax.jit(self._act)``, would keep the
+    object alive through the compile cache)."""
+    try:
+        return chain, weakref.ref(value), "weak"
+    except TypeError:
+        return chain, value, "ident"
+
+
+def _library_values(libraries: list, named: set[str]) -> list:
+    """The numbers and strings of a library's module that the code names (``pkg.LR``): the
+    walk does not look into such modules (their arrays are no step's state), but a
+    setting the program changes there between calls is read afresh."""
+    out = []
+    for chain, module in libraries:
+        held = module.__dict__
+        for name in sorted(named & held.keys()):
+            if type(held[name]) in _EXACT:
+                out.append(((*chain, ("attr", name)), held[name], "value"))
+    return out
+
+
+def _by_name(fn: Callable, watched: tuple[Chain, Any, str], named: set[str]) -> bool:
+    """A number, string or None in attributes (at any depth) of objects of the
+    program's own classes reached through names the code uses: code that reads
+    attributes by computed names (``getattr(t, name)``, ``name`` from anywhere) may
+    read it. (A library's objects, a Keras model's layers, are read by their names.)"""
+    chain, value, how = watched
+    n = len(chain)
+    while n and chain[n - 1][0] in ("attr", "getattr"):
+        n -= 1
+    if how != "value" or n == len(chain) or not _capture.is_named(chain[:n], named):
+        return False
+    try:
+        owners = [_capture.fetch(fn, chain[:i]) for i in range(n, len(chain))]
+    except _capture.Gone:
+        return False
+    return all(_names.users_class(type(o)) for o in owners)
+
+
+def _tree_def(value: Any) -> Any:
+    """The structure of a registered pytree node (None for a leaf): a value written back
+    as a new object of the same structure (``self.params`` after an update) is the same
+    to a trace; its arrays are inputs."""
+    leaf = (jax.Array, np.ndarray, Iterator, types.FunctionType, types.BuiltinFunctionType)
+    if _peek.is_a(value, (*leaf, *WATCHED_SCALARS)):
+        return None  # (generators and iterators are leaves: JAX warns on them)
+    try:
+        kids, treedef = jax.tree_util.tree_flatten(value, is_leaf=lambda x: x is not value)
+    except Exception:  # noqa: BLE001 - a node whose flatten fails is compared otherwise
+        return None
+    return None if len(kids) == 1 and kids[0] is value else treedef
+
+
+WATCHED_SCALARS = (bool, int, float, complex, str, type(None), np.generic)
+
+
+def _plain_callable(value: Any) -> bool:
+    """A function, method, partial or other callable that is not a user object."""
+    if _peek.is_a(value, (types.FunctionType, types.MethodType, functools.partial)):
+        return True
+    defined = [c.__dict__["__call__"] for c in type(value).__mro__ if "__call__" in c.__dict__]
+    return callable(value) and not (defined and _peek.is_a(defined[0], types.FunctionType))
+
+
+def _code_strings(fn: Callable) -> set:
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return set() if code is None else {c for c in code.co_consts if _peek.is_a(c, str)}
+
+
+_PARTS = (
+    jax.Array,
+    np.ndarray,
+    list,
+    tuple,
+    dict,
+    type,
+    types.ModuleType,
+    types.MethodType,  # its function and object are watched (a new bound method each
+    functools.partial,  # ``self.f = self.g`` is the same), a partial's function and arguments
+)
+_EXACT = frozenset((bool, int, float, complex, str, type(None)))  # not subclasses: no __eq__
+_MAX_WATCHED = 4096  # about 2 ms a call to check (`Checker`), past it a warning
+# numbers first in the bound
+_ORDER = {"value": 0, "size": 1, "ident": 2, "weak": 2, "code": 2, "tree": 3, "type": 3}
+
+
+def function_key(fn: Callable, strict: bool = False, depth: int = 0) -> tuple:
+    """What makes two Python functions the same step: their code, their globals and
+    what they capture (closure cells, defaults), functions among them compared the same
+    way, other objects by identity; arrays and Python scalars by type only unless
+    ``strict`` (they are state, read afresh). A function defined inside each call of a
+    method (orbit's ``def train_fn(state, inputs)``) is then the same step every call.
+
+    >>> def make(k):
+    ...     def inner(x):
+    ...         return x * k
+    ...     return lambda x: inner(x) + 1
+    >>> function_key(make(2.0)) == function_key(make(3.0))
+    True
+    >>> function_key(make(2.0), strict=True) == function_key(make(3.0), strict=True)
+    False
+    """
+    fn = getattr(fn, "__func__", fn)
+    cells = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            cells.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    held = cells + list(getattr(fn, "__defaults__", None) or ())
+    code = getattr(fn, "__code__", None)
+    globs = getattr(fn, "__globals__", None)
+    return (code, id(globs), tuple(_captured_key(v, strict, depth) for v in held))
+
+
+def _captured_key(value: Any, strict: bool, depth: int) -> Any:
+    if not strict and _peek.is_a(value, _FRESH):
+        return type(value)
+    if depth >= _MAX_DEPTH:
+        return id(value)
+    if type(value) is types.FunctionType:
+        return function_key(value, strict, depth + 1)
+    if type(value) is types.MethodType:  # ``t.step`` is a new object at every access
+        return (function_key(value.__func__, strict, depth + 1), id(value.__self__))
+    return id(value)
+
+
+_FRESH = (jax.Array, np.ndarray, np.generic, int, float, complex, bool, str, type(None))
+_MAX_DEPTH = 8  # functions inside functions compared by code; deeper ones by identity
+
+
+def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
+    """Whether a value recorded by `watch` is no longer the same."""
+    return Checker(watched).changed(fn)
+
+
+class Checker:
+    """`changed` for one recorded set, checked on every call: the chains read as a tree
+    (`jaxdist._state.capture.Fetcher`), so that each object on the way is read once (a Keras
+    model's step watches a thousand values under a few dozen objects)."""
+
+    def __init__(self, watched: tuple[tuple[Chain, Any, str], ...]) -> None:
+        self._fetcher = _capture.Fetcher([chain for chain, _, _ in watched])
+        self._recorded = [(value, how) for _, value, how in watched]
+
+    def changed(self, fn: Callable) -> bool:
+        try:
+            now = self._fetcher.values(fn)
+        except _capture.Gone:
+            return True
+        for n, (value, how) in zip(now, self._recorded):
+            if n is not value and _differs(n, value, how):
+                return True
+        return False
+
+
+def _differs(now: Any, value: Any, how: str) -> bool:
+    if how == "type":
+        return type(now) is not value
+    if how == "tree":
+        return _tree_def(now) != value
+    if how == "code":
+        return type(now) is not types.FunctionType or function_key(now) != value
+    if how == "size":
+        return _size(now) != value
+    if now is value:
+        return False
+    if how == "weak":  # a dead reference: the object it was is gone, so changed
+        return value() is not now
+    return how == "ident" or type(now) is not type(value) or not _equal(now, value)
+
+
+def what_changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> str:
+    """The first value recorded by `watch` that moved, as Python names it, and how.
+
+    >>> box = {"mode": "a"}
+    >>> step = lambda x: box["mode"]
+    >>> seen = watch(step)
+    >>> box["mode"] = "b"
+    >>> what_changed(step, seen)
+    "box['mode'] changed ('a' -> 'b')"
+    """
+    for chain, value, how in watched:
+        try:
+            now = _capture.fetch(fn, chain)
+        except _capture.Gone:
+            return f"{describe(fn, chain[:-1]) or 'a value it read'} no longer holds what it read"
+        if now is value or not _differs(now, value, how):
+            continue
+        where = describe(fn, chain)
+        if how == "value":
+            return f"{where} changed ({value!r} -> {now!r})"
+        if how == "size":
+            return f"{where} changed size ({value} -> {_size(now)})"
+        if how == "type":
+            return f"{where} is now a {type(now).__name__}, not a {value.__name__}"
+        return f"{where} is another object"
+    return "a value it read changed"
+
+
+def shown(fn: Callable, watched: tuple[Chain, Any, str]) -> str:
+    """One value recorded by `watch`, as the check it stands for.
+
+    >>> box = {"mode": "a"}
+    >>> step = lambda x: box["mode"]
+    >>> [shown(step, w) for w in watch(step)]
+    ["box['mode'] == 'a'", 'len(box) == 1']
+    """
+    chain, value, how = watched
+    where = describe(fn, chain) or "the step's function"
+    if how == "size":
+        return f"len({where}) == {value}"
+    if how == "type":
+        return f"type({where}) is {value.__qualname__}"
+    if how in ("ident", "weak"):
+        held = value() if how == "weak" else value
+        return f"{where} is {getattr(held, '__qualname__', type(held).__qualname__)}"
+    if how == "code":
+        name = getattr(value[0], "co_qualname", getattr(value[0], "co_name", "?"))
+        return f"{where} is code {name} over the same captures"
+    if how == "tree":
+        return f"{where} has the structure it had"
+    return f"{where} == {value!r}"
+
+
+_DECLINED = threading.local()
+
+
+def note_decline(reason: str) -> None:
+    """Records why this thread's last cached trace did not fit (for the retrace warning)."""
+    _DECLINED.reason = reason
+
+
+def last_decline() -> str:
+    """Why this thread's last cached trace did not fit its step's state ("" if none)."""
+    return getattr(_DECLINED, "reason", "")
+
+
+def moved_numbers(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> list[Chain]:
+    """The chains of the Python ints and floats recorded by `watch` that now hold
+    another int or float (a schedule the host sets, a counter the step increments)."""
+    out = []
+    for chain, value, how in watched:
+        if how != "value" or type(value) not in (int, float):
+            continue
+        try:
+            now = _capture.fetch(fn, chain)
+        except _capture.Gone:
+            continue
+        if type(now) in (int, float) and not _equal(now, value):
+            out.append(chain)
+    return out
+
+
+def settle(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> tuple:
+    """``watched`` (recorded before the trace) less the sizes the trace changed: a list
+    the step appends to (``traces.append(1)``, a log) is its output, not an input, so
+    its growth does not trace it again; a number it changes (``self.calls += 1``) does,
+    as TF eager counts."""
+    out = []
+    for chain, value, how in watched:
+        if how == "size":
+            try:
+                if _size(_capture.fetch(fn, chain)) != value:
+                    continue
+            except _capture.Gone:
+                continue
+        out.append((chain, value, how))
+    return tuple(out)
+
+
+def _size(x: Any) -> Any:
+    """How many entries a list, tuple, deque or dict has (a partial: its arguments),
+    None otherwise."""
+    if _peek.is_a(x, functools.partial):
+        return (len(x.args), len(x.keywords))
+    if _peek.is_a(x, tuple):
+        return tuple.__len__(x)
+    if _peek.is_a(x, collections.deque):
+        return collections.deque.__len__(x)
+    if _peek.is_a(x, list):
+        return list.__len__(x)  # the built-in's length, not a subclass's __len__
+    return dict.__len__(x) if _peek.is_a(x, dict) else None
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b) or (a != a and b != b)  # NaN is its own value here
+    except Exception:  # noqa: BLE001 - a value that cannot be compared counts as changed
+        return False
