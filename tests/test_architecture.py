@@ -231,3 +231,35 @@ def test_tf1_surface_is_a_subclass_of_the_tf2_strategy(name):
     assert issubclass(v1, jd.Strategy)
     assert issubclass(jd.MirroredStrategy, v1) and issubclass(jd.OneDeviceStrategy, v1)
     assert not hasattr(jd.Strategy, "experimental_run_v2")
+
+
+def _allowed_wings(wing):
+    """The wings a wing's ``__init__`` docstring says it may import (its "May import:" line)."""
+    doc = ast.get_docstring(ast.parse((PACKAGE / wing / "__init__.py").read_text())) or ""
+    line = next((x for x in doc.splitlines() if x.startswith("May import:")), None)
+    assert line is not None, f"jaxdist/{wing}/__init__.py does not say what it may import"
+    return {w for w in re.findall(r"`(_\w+)`", line) if w in WINGS}
+
+
+def test_the_wings_are_the_five_subsystems():
+    assert WINGS == ["_cluster", "_input", "_keras", "_partial", "_state"]
+    core = [p for p in PACKAGE.glob("_*.py") if p.name != "__init__.py"]
+    assert len(core) < 30, f"{len(core)} core modules: a subsystem belongs in a wing"
+
+
+def test_a_wing_imports_only_the_wings_its_docstring_allows():
+    bad = []
+    for name, tree in _modules().items():
+        wing = name.partition(".")[0]
+        if wing not in WINGS:
+            continue
+        allowed = _allowed_wings(wing) | {wing}
+        used = {d.partition(".")[0] for d in _imports(tree) if "." in d}
+        bad += [f"{name} imports {w}" for w in sorted(used - allowed)]
+    assert not bad, bad
+
+
+def test_the_architecture_page_draws_every_wing():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    for wing in WINGS:
+        assert f"| `jaxdist/{wing}/` |" in text, wing

@@ -5,5 +5,5 @@ the data-parallel step functions (`steps`), one replica's step with TF's rules f
 replicas (`replica`), synchronized batch norm (`syncbn`), and ``steps_per_execution``
 batches as one program (`fused`). The only modules that import Keras.
 
-May import: the core, and the `_input.datasets` wing (Keras' batches are distributed input).
+May import: the core, and the `_input` wing (Keras' batches are distributed input).
 """
