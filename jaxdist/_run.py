@@ -31,8 +31,6 @@ Ragged inputs (a partial batch) go to `jaxdist._partial.ragged`.
 from __future__ import annotations
 
 import collections
-import types
-import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
@@ -56,55 +54,7 @@ from jaxdist._values import stacked as stacked_array
 MAPPED, BROADCAST, STATIC = "m", "b", "s"
 
 
-class _Plans:
-    """The last one-replica call of each step function, to replay (`_one_replica.Plan`).
-
-    Found by the function object itself (a bound method: its object and function),
-    held weakly: a plan dies with its function. Keyed by identity, so the lookup is one
-    dict read; a step made anew on each call (a closure) finds its compiled step through
-    `jaxdist._compile.steps` as before, and is not replayed.
-    """
-
-    MAX = 256
-
-    def __init__(self) -> None:
-        self._plans: dict = {}
-
-    @staticmethod
-    def _key(fn: Callable) -> tuple[Hashable, Any]:
-        if type(fn) is types.MethodType:
-            return (id(fn.__self__), fn.__func__), fn.__self__
-        return id(fn), fn
-
-    def get(self, fn: Callable) -> _one_replica.Plan | None:
-        if type(fn) is types.MethodType:  # (`_key`, inlined: this runs on every call)
-            owner = fn.__self__
-            found = self._plans.get((id(owner), fn.__func__))
-        else:
-            owner = fn
-            found = self._plans.get(id(fn))
-        if found is None or found[0]() is not owner:
-            return None
-        return found[1]
-
-    def put(self, fn: Callable, plan: _one_replica.Plan) -> None:
-        key, owner = self._key(fn)
-        plans = self._plans
-
-        def drop(_: Any) -> None:
-            plans.pop(key, None)
-
-        try:
-            ref = weakref.ref(owner, drop)
-        except TypeError:  # not weakly referenceable: not replayed
-            return
-        plans.pop(key, None)
-        plans[key] = (ref, plan)
-        while len(plans) > self.MAX:
-            plans.pop(next(iter(plans)), None)
-
-
-_PLANS = _Plans()
+_PLANS = _one_replica.Plans()
 WORK: collections.Counter = collections.Counter()
 """``WORK["full"]``: the calls that took the full path (classified their arguments)."""
 
