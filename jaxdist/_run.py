@@ -38,7 +38,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from jaxdist import _compile, _context, _one_replica, _user_errors
+from jaxdist import _compile, _context, _jax_internals, _one_replica, _user_errors
 from jaxdist._devices import AXIS, Replicas
 from jaxdist._layout import is_tracer, shard_rows
 from jaxdist._partial import ragged as _ragged
@@ -139,7 +139,7 @@ def make_body(strategy: Any, cdo: Any, n: int, get_fn: Callable, sig: tuple, inf
         args, kwargs = jax.tree.unflatten(treedef, leaves)
         collectives, invariant = compiled_collectives(strategy, cdo, n)
         ctx = make_replica_context(strategy, collectives)
-        trace = _compile.current_trace()
+        trace = _jax_internals.current_trace()
         with _context.enter(_context.replica_state(strategy, ctx)):
             try:
                 out = get_fn()(*args, **kwargs)
@@ -147,7 +147,7 @@ def make_body(strategy: Any, cdo: Any, n: int, get_fn: Callable, sig: tuple, inf
                 _user_errors.raise_for_step(get_fn(), e)
         leaves, info["treedef"] = jax.tree.flatten(out)
         traced = [
-            _compile.is_inner_tracer(x, trace) or (fake and isinstance(x, jax.Array))
+            _jax_internals.is_inner_tracer(x, trace) or (fake and isinstance(x, jax.Array))
             for x in leaves
         ]
         # An argument returned as it is, and values that do not depend on the replica
@@ -217,7 +217,7 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
     """Runs ``fn`` on every replica of ``strategy`` (see the module docstring)."""
     _context.check_can_run(strategy)
     plan = _PLANS.get(fn)
-    if plan is not None and not _compile.tracing() and not _compile.is_fake_pmap():
+    if plan is not None and not _jax_internals.tracing() and not _compile.is_fake_pmap():
         leaves, treedef = _structure(args, kwargs)
         out = plan(strategy, cdo, fn, leaves, treedef)
         if out is not _one_replica.MISS:
@@ -233,7 +233,7 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
     arrays, statics, sigs, stacked = found
     sig = (treedef, kinds, statics)
     in_axes = tuple(0 if k == MAPPED else None for k in kinds if k != STATIC)
-    if _compile.tracing() or any(is_tracer(x) for x in arrays):
+    if _jax_internals.tracing() or any(is_tracer(x) for x in arrays):
         arrays = [x.reshape(x.shape[1:]) if s else x for x, s in zip(arrays, stacked)]
         return _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays)
     key = (sig, sigs, program_key(strategy, cdo), replicas.devices, _compile.is_fake_pmap())
