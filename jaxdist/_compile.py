@@ -26,32 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdist import _inflight, _jax_internals
+from jaxdist import _inflight
 from jaxdist._devices import AXIS, Replicas
-from jaxdist._jax_internals import trace_state_clean
 from jaxdist._layout import globalize
 from jaxdist._state import watch as _watch
 from jaxdist._validate import describe
-
-# -- tracing --------------------------------------------------------------------------
-
-
-def tracing() -> bool:
-    """Whether a JAX transformation is tracing (`jax.jit`, a `lax` loop body, a pmap body)."""
-    return not trace_state_clean()
-
-
-def current_trace() -> Any:
-    """The innermost active trace (private JAX API, read in `jaxdist._jax_internals`)."""
-    return _jax_internals.current_trace()
-
-
-def is_inner_tracer(x: Any, trace: Any) -> bool:
-    """Whether ``x`` is a tracer of ``trace`` (not one captured from an outer trace)."""
-    if not isinstance(x, jax.core.Tracer):
-        return False
-    return trace is None or getattr(x, "_trace", trace) is trace
-
 
 # -- pmap ---------------------------------------------------------------------------------
 
@@ -77,30 +56,6 @@ def spmd(fn: Callable, replicas: Replicas, in_axes: tuple) -> Callable:
 
     specs = tuple(split if ax == 0 else whole for ax in in_axes)
     return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=split, check_vma=False)
-
-
-def rows_as_replicated(arrays: list, replicas: Replicas) -> list:
-    """Inside a trace: stacked ``arrays`` whose rows are one value on every replica (a
-    variable updated with all-reduced gradients) as replicated arrays, each replica
-    device keeping its own row. Nothing moves between devices; replica 0's row made
-    replicated would be copied to every device (a broadcast of the whole state on
-    every step). TF's mirrored variables are kept the same way: each replica applies
-    the same update to its own copy."""
-    if not arrays:
-        return []
-    split, whole = replicas.sharding.spec, replicas.replicated.spec
-
-    def rows(*xs: Any) -> list:
-        return [x[0] for x in xs]
-
-    local = jax.shard_map(
-        rows,
-        mesh=replicas.sharding.mesh,
-        in_specs=tuple(split for _ in arrays),
-        out_specs=whole,
-        check_vma=False,
-    )
-    return local(*arrays)
 
 
 def is_fake_pmap() -> bool:

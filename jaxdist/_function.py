@@ -35,7 +35,7 @@ from typing import Any, cast
 import jax
 import numpy as np
 
-from jaxdist import _compile, _context
+from jaxdist import _compile, _context, _jax_internals
 from jaxdist._errors import OutOfRangeError
 from jaxdist._input import feeds as _feeds
 from jaxdist._input.iterators import DatasetIterator, DistributedIterator
@@ -210,7 +210,7 @@ class Function:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fn = self.python_function
-        if _compile.tracing():  # inside another trace: inline, the outer trace owns it
+        if _jax_internals.tracing():  # inside another trace: inline, the outer trace owns it
             return fn(*args, **kwargs)
         leaves, treedef = jax.tree.flatten((args, kwargs))
         call = _Call(fn, leaves)

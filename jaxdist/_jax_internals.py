@@ -13,7 +13,8 @@ Each read, why it has no public replacement, and the test that guards it:
   exports no such query, and a tracer is not always at hand to inspect). Guarded by
   ``tests/test_jit.py`` (eager vs traced calls) and ``tests/test_jax_internals.py``.
 - ``jax._src.core.unsafe_get_current_trace``: the innermost trace, to tell a step's own tracers
-  from an outer ``jax.jit``'s. Guarded by ``tests/test_jit.py`` (steps inside a user's jit).
+  from an outer ``jax.jit``'s (by a tracer's ``_trace``: `is_inner_tracer`). Guarded by
+  ``tests/test_jit.py`` (steps inside a user's jit).
 - ``jax._src.xla_bridge.backends_are_initialized``: "has the backend started?" without starting
   it (every public device query starts it, and both ``PJRT_NPROC`` and
   ``jax.distributed.initialize`` must come before that). Guarded by ``tests/test_cpu_threads.py``
@@ -89,6 +90,18 @@ def _core(name: str) -> Any:
 def current_trace() -> Any:
     """The innermost active JAX trace (the eval trace when none is tracing)."""
     return private_attr("jax._src.core", "unsafe_get_current_trace")()
+
+
+def tracing() -> bool:
+    """Whether a JAX transformation is tracing (`jax.jit`, a `lax` loop body, a pmap body)."""
+    return not trace_state_clean()
+
+
+def is_inner_tracer(x: Any, trace: Any) -> bool:
+    """Whether ``x`` is a tracer of ``trace`` (not one captured from an outer trace)."""
+    if not isinstance(x, jax.core.Tracer):
+        return False
+    return trace is None or getattr(x, "_trace", trace) is trace
 
 
 def backends_started() -> bool:

@@ -3,7 +3,8 @@
 A stacked array has shape ``(num_replicas, *shape)`` with its leading axis sharded one
 row per replica device (`jaxdist._devices.Replicas.sharding`). These functions build
 such arrays from per-replica values (zero-copy between CPU devices), read their rows
-back, and pad rows of different lengths (a partial batch).
+back, pad rows of different lengths (a partial batch), and inside a trace keep rows that
+agree as replicated arrays (`rows_as_replicated`).
 """
 
 from __future__ import annotations
@@ -198,3 +199,27 @@ def only_lengths_differ(rows: Sequence[Any]) -> bool:
 
 def as_array(x: Any) -> Any:
     return x if isinstance(x, jax.Array) else jnp.asarray(x)
+
+
+def rows_as_replicated(arrays: list, replicas: Replicas) -> list:
+    """Inside a trace: stacked ``arrays`` whose rows are one value on every replica (a
+    variable updated with all-reduced gradients) as replicated arrays, each replica
+    device keeping its own row. Nothing moves between devices; replica 0's row made
+    replicated would be copied to every device (a broadcast of the whole state on
+    every step). TF's mirrored variables are kept the same way: each replica applies
+    the same update to its own copy."""
+    if not arrays:
+        return []
+    split, whole = replicas.sharding.spec, replicas.replicated.spec
+
+    def rows(*xs: Any) -> list:
+        return [x[0] for x in xs]
+
+    local = jax.shard_map(
+        rows,
+        mesh=replicas.sharding.mesh,
+        in_specs=tuple(split for _ in arrays),
+        out_specs=whole,
+        check_vma=False,
+    )
+    return local(*arrays)

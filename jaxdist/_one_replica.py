@@ -14,17 +14,19 @@ A distributed argument enters as its stacked array (shape ``(1, *shape)``) and i
 unstacked inside the program; which arguments are stacked is a static argument of
 the `jax.jit`, so a `PerReplica` and a plain array share one trace of the step.
 
-A repeated eager call replays the first call's `Plan`: ``_run.run`` then costs, beyond
-`jax.jit`'s own dispatch, an identity check of the strategy, a tree flatten, a
-comparison of the leaves' types (and static values, by identity first), the re-read of
-the step's state and the result's unflatten. A `Program` is one trace: called with
-arguments `jax.jit` would trace again, it raises `Retrace`, and the call takes the full
-path (which compiles a new program for the new signature).
+A repeated eager call replays the first call's `Plan` (kept per step function by `Plans`,
+held weakly): ``_run.run`` then costs, beyond `jax.jit`'s own dispatch, an identity check
+of the strategy, a tree flatten, a comparison of the leaves' types (and static values, by
+identity first), the re-read of the step's state and the result's unflatten. A `Program` is
+one trace: called with arguments `jax.jit` would trace again, it raises `Retrace`, and the
+call takes the full path (which compiles a new program for the new signature).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import types
+import weakref
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
@@ -175,3 +177,52 @@ class Plan:
             return MISS
         self._staged.write_back(fn, outs)
         return self._wrap(fn, outs, arrays)
+
+
+class Plans:
+    """The last one-replica call of each step function, to replay (`Plan`): ``_run.run``
+    keeps one, looked up first on every call.
+
+    Found by the function object itself (a bound method: its object and function),
+    held weakly: a plan dies with its function. Keyed by identity, so the lookup is one
+    dict read; a step made anew on each call (a closure) finds its compiled step through
+    `jaxdist._compile.steps` as before, and is not replayed.
+    """
+
+    MAX = 256
+
+    def __init__(self) -> None:
+        self._plans: dict = {}
+
+    @staticmethod
+    def _key(fn: Callable) -> tuple[Hashable, Any]:
+        if type(fn) is types.MethodType:
+            return (id(fn.__self__), fn.__func__), fn.__self__
+        return id(fn), fn
+
+    def get(self, fn: Callable) -> Plan | None:
+        if type(fn) is types.MethodType:  # (`_key`, inlined: this runs on every call)
+            owner = fn.__self__
+            found = self._plans.get((id(owner), fn.__func__))
+        else:
+            owner = fn
+            found = self._plans.get(id(fn))
+        if found is None or found[0]() is not owner:
+            return None
+        return found[1]
+
+    def put(self, fn: Callable, plan: Plan) -> None:
+        key, owner = self._key(fn)
+        plans = self._plans
+
+        def drop(_: Any) -> None:
+            plans.pop(key, None)
+
+        try:
+            ref = weakref.ref(owner, drop)
+        except TypeError:  # not weakly referenceable: not replayed
+            return
+        plans.pop(key, None)
+        plans[key] = (ref, plan)
+        while len(plans) > self.MAX:
+            plans.pop(next(iter(plans)), None)

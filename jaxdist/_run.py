@@ -31,8 +31,6 @@ Ragged inputs (a partial batch) go to `jaxdist._partial.ragged`.
 from __future__ import annotations
 
 import collections
-import types
-import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
@@ -40,7 +38,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from jaxdist import _compile, _context, _one_replica, _user_errors
+from jaxdist import _compile, _context, _jax_internals, _one_replica, _user_errors
 from jaxdist._devices import AXIS, Replicas
 from jaxdist._layout import is_tracer, shard_rows
 from jaxdist._partial import ragged as _ragged
@@ -56,55 +54,7 @@ from jaxdist._values import stacked as stacked_array
 MAPPED, BROADCAST, STATIC = "m", "b", "s"
 
 
-class _Plans:
-    """The last one-replica call of each step function, to replay (`_one_replica.Plan`).
-
-    Found by the function object itself (a bound method: its object and function),
-    held weakly: a plan dies with its function. Keyed by identity, so the lookup is one
-    dict read; a step made anew on each call (a closure) finds its compiled step through
-    `jaxdist._compile.steps` as before, and is not replayed.
-    """
-
-    MAX = 256
-
-    def __init__(self) -> None:
-        self._plans: dict = {}
-
-    @staticmethod
-    def _key(fn: Callable) -> tuple[Hashable, Any]:
-        if type(fn) is types.MethodType:
-            return (id(fn.__self__), fn.__func__), fn.__self__
-        return id(fn), fn
-
-    def get(self, fn: Callable) -> _one_replica.Plan | None:
-        if type(fn) is types.MethodType:  # (`_key`, inlined: this runs on every call)
-            owner = fn.__self__
-            found = self._plans.get((id(owner), fn.__func__))
-        else:
-            owner = fn
-            found = self._plans.get(id(fn))
-        if found is None or found[0]() is not owner:
-            return None
-        return found[1]
-
-    def put(self, fn: Callable, plan: _one_replica.Plan) -> None:
-        key, owner = self._key(fn)
-        plans = self._plans
-
-        def drop(_: Any) -> None:
-            plans.pop(key, None)
-
-        try:
-            ref = weakref.ref(owner, drop)
-        except TypeError:  # not weakly referenceable: not replayed
-            return
-        plans.pop(key, None)
-        plans[key] = (ref, plan)
-        while len(plans) > self.MAX:
-            plans.pop(next(iter(plans)), None)
-
-
-_PLANS = _Plans()
+_PLANS = _one_replica.Plans()
 WORK: collections.Counter = collections.Counter()
 """``WORK["full"]``: the calls that took the full path (classified their arguments)."""
 
@@ -189,7 +139,7 @@ def make_body(strategy: Any, cdo: Any, n: int, get_fn: Callable, sig: tuple, inf
         args, kwargs = jax.tree.unflatten(treedef, leaves)
         collectives, invariant = compiled_collectives(strategy, cdo, n)
         ctx = make_replica_context(strategy, collectives)
-        trace = _compile.current_trace()
+        trace = _jax_internals.current_trace()
         with _context.enter(_context.replica_state(strategy, ctx)):
             try:
                 out = get_fn()(*args, **kwargs)
@@ -197,7 +147,7 @@ def make_body(strategy: Any, cdo: Any, n: int, get_fn: Callable, sig: tuple, inf
                 _user_errors.raise_for_step(get_fn(), e)
         leaves, info["treedef"] = jax.tree.flatten(out)
         traced = [
-            _compile.is_inner_tracer(x, trace) or (fake and isinstance(x, jax.Array))
+            _jax_internals.is_inner_tracer(x, trace) or (fake and isinstance(x, jax.Array))
             for x in leaves
         ]
         # An argument returned as it is, and values that do not depend on the replica
@@ -267,7 +217,7 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
     """Runs ``fn`` on every replica of ``strategy`` (see the module docstring)."""
     _context.check_can_run(strategy)
     plan = _PLANS.get(fn)
-    if plan is not None and not _compile.tracing() and not _compile.is_fake_pmap():
+    if plan is not None and not _jax_internals.tracing() and not _compile.is_fake_pmap():
         leaves, treedef = _structure(args, kwargs)
         out = plan(strategy, cdo, fn, leaves, treedef)
         if out is not _one_replica.MISS:
@@ -283,7 +233,7 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
     arrays, statics, sigs, stacked = found
     sig = (treedef, kinds, statics)
     in_axes = tuple(0 if k == MAPPED else None for k in kinds if k != STATIC)
-    if _compile.tracing() or any(is_tracer(x) for x in arrays):
+    if _jax_internals.tracing() or any(is_tracer(x) for x in arrays):
         arrays = [x.reshape(x.shape[1:]) if s else x for x, s in zip(arrays, stacked)]
         return _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays)
     key = (sig, sigs, program_key(strategy, cdo), replicas.devices, _compile.is_fake_pmap())

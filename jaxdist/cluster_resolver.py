@@ -8,8 +8,8 @@
 ('worker', 1, 2)
 """
 
+from jaxdist._cluster.cluster_spec import ClusterSpec as ClusterSpec
 from jaxdist._cluster.resolvers import ClusterResolver as ClusterResolver
-from jaxdist._cluster.resolvers import ClusterSpec as ClusterSpec
 from jaxdist._cluster.resolvers import SimpleClusterResolver as SimpleClusterResolver
 from jaxdist._cluster.resolvers import TFConfigClusterResolver as TFConfigClusterResolver
 from jaxdist._cluster.union_resolver import UnionClusterResolver as UnionClusterResolver

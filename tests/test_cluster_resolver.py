@@ -1,4 +1,5 @@
-"""Tests for jaxdist._cluster.resolvers: ClusterSpec, the resolvers and jax.distributed args.
+"""Tests for jaxdist._cluster.cluster_spec and .resolvers: ClusterSpec, the resolvers and
+jax.distributed args.
 
 Nothing here starts the JAX backend (multi-worker set-up must run before it starts).
 """
@@ -10,9 +11,9 @@ import re
 import pytest
 
 import jaxdist as jd
+from jaxdist._cluster.cluster_spec import ClusterSpec
 from jaxdist._cluster.resolvers import (
     ClusterResolver,
-    ClusterSpec,
     SimpleClusterResolver,
     TFConfigClusterResolver,
     jax_distributed_args,

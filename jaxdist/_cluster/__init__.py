@@ -1,8 +1,8 @@
 """Several workers: TF's cluster resolvers and ``jax.distributed``.
 
-TF's cluster resolvers (`resolvers`, `union_resolver`), ``TF_CONFIG`` read into a cluster
-(`config`), joining it through ``jax.distributed`` (`join`), the guard that ends every
-worker on a fault (`guard`), and the host's malloc tuning (`host`).
+`ClusterSpec` (`cluster_spec`), TF's cluster resolvers (`resolvers`, `union_resolver`),
+``TF_CONFIG`` read into a cluster (`config`), joining it through ``jax.distributed`` (`join`),
+the guard that ends every worker on a fault (`guard`), and the host's malloc tuning (`host`).
 
 May import: the core's layer 0 modules; no other wing.
 """

@@ -8,13 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxdist._cluster.resolvers import (
-    ClusterResolver,
-    ClusterSpec,
-    format_master,
-    invalid,
-    parse_index,
-)
+from jaxdist._cluster.cluster_spec import ClusterSpec, invalid, parse_index
+from jaxdist._cluster.resolvers import ClusterResolver, format_master
 
 __all__ = ["UnionClusterResolver", "UnionResolver"]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxdist import _compile, _context
+from jaxdist import _context, _jax_internals
 from jaxdist._errors import InvalidArgumentError, OutOfRangeError
 from jaxdist._input import feeds as _feeds
 from jaxdist._input.place import EMPTY as _EMPTY
@@ -86,7 +86,7 @@ reads it as a graph op; a JAX trace cannot)."""
 def _check_can_read() -> None:
     if _context.current().mode is _context.Mode.REPLICA:
         raise ValueError(NEXT_IN_RUN)
-    if _compile.tracing():
+    if _jax_internals.tracing():
         raise RuntimeError(NEXT_WHILE_TRACING)
 
 

@@ -58,11 +58,11 @@ import keras
 import numpy as np
 
 from jaxdist import _inflight
-from jaxdist._compile import rows_as_replicated
 from jaxdist._default import get_replica_context
 from jaxdist._input.place import Placer
 from jaxdist._keras.fused import host_split, same_shapes, scan_steps
 from jaxdist._keras.replica import Layout, test_replica, train_replica
+from jaxdist._layout import rows_as_replicated
 from jaxdist._options import InputOptions
 from jaxdist._values import from_stacked, is_distributed, stacked
 

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax.extend import core
 from jax.interpreters import ad, batching
 
-from jaxdist import _compile, _context
+from jaxdist import _context, _jax_internals
 from jaxdist._layout import as_array
 from jaxdist._partial import lockstep as _lockstep
 from jaxdist._values import from_parts, from_stacked, select
@@ -136,7 +136,7 @@ def run_merge(
         call = functools.partial(_call_merge, strategy, spec, n, same)
         closed, shapes = jax.make_jaxpr(call, return_shape=True)(*flat)
         for c in closed.consts:
-            if any(_compile.is_inner_tracer(c, t) for t in stage_one):
+            if any(_jax_internals.is_inner_tracer(c, t) for t in stage_one):
                 raise RuntimeError(CLOSURE)
         columns = jax.tree.unflatten(jax.tree.structure(shapes), core.jaxpr_as_fun(closed)(*flat))
         got = [[_spec(c if one else c[i]) for c, one in zip(columns, same)] for i in range(n)]

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdist import _compile
+from jaxdist import _compile, _jax_internals
 from jaxdist._devices import AXIS, Replicas
 from jaxdist._layout import as_array, is_array, is_tracer
 from jaxdist._partial import replay as _replay
@@ -101,7 +101,7 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
     the redundant work is cheap; it gives TF's answers for run, all_reduce and reduce.
     """
     devices = replicas.strings()
-    traced = _compile.tracing() or any(is_tracer(x) for x in jax.tree.leaves((args, kwargs)))
+    traced = _jax_internals.tracing() or any(is_tracer(x) for x in jax.tree.leaves((args, kwargs)))
     if (
         replicas.multi_process
         and traced

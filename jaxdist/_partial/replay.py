@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxdist import _compile, _context
+from jaxdist import _context, _jax_internals
 from jaxdist._devices import AXIS
 from jaxdist._layout import as_array, is_array
 from jaxdist._partial import lockstep as _lockstep
@@ -174,7 +174,7 @@ def trace_group(
         args, kwargs = jax.tree.unflatten(in_tree, full)
         collectives = _collectives(strategy, cdo, gathers.n, members, gathers, devices)
         ctx = make_replica_context(strategy, collectives)
-        info["trace"] = trace = _compile.current_trace()
+        info["trace"] = trace = _jax_internals.current_trace()
         swap = _promote.swapped()  # numbers of the state that are inputs: each group
         if swap is not None:  # starts from them, and gives what it stores there
             swap.restart()
@@ -183,7 +183,9 @@ def trace_group(
         written = swap.pending() if swap is not None else []
         info["written"] = [i for i, _ in written]
         out_leaves, info["tree"] = jax.tree.flatten(out)
-        info["layout"] = [None if _compile.is_inner_tracer(x, trace) else (x,) for x in out_leaves]
+        info["layout"] = [
+            None if _jax_internals.is_inner_tracer(x, trace) else (x,) for x in out_leaves
+        ]
         outs = [x for x, c in zip(out_leaves, info["layout"]) if c is None]
         return outs + [jnp.asarray(v) for _, v in written]
 
