@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 from jax import lax
+from jax.extend.core import jaxpr_as_fun
 
 from jaxdist import _compile, _context, _jax_internals, _one_replica, _user_errors
 from jaxdist._devices import AXIS, Replicas
@@ -341,8 +342,12 @@ def _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays) -> Any:
     if MAPPED not in sig[1]:  # a pmap needs one mapped argument
         call_axes, call_args = (0, *in_axes), [_compile.replica_ids(replicas, True), *arrays]
     mapped = _compile.spmd if replicas.multi_process else _compile.pmap
-    rows = [ax == 0 for ax in call_axes]
-    warn_frozen(fn, body, [example(x, r) for x, r in zip(call_args, rows)], [(AXIS, replicas.num)])
+    # traced once here (the step's Python runs once), checked for state the user's compile
+    # froze, and replayed as a jaxpr inside the pmap
+    examples = [example(x, ax == 0) for x, ax in zip(call_args, call_axes)]
+    closed = jax.make_jaxpr(body, axis_env=[(AXIS, replicas.num)])(*examples)
+    warn_frozen(fn, closed)
+    body = jaxpr_as_fun(closed)
     if replicas.num == 1 and not replicas.multi_process and not _compile.is_fake_pmap():
         outs = _one_replica.vmapped(body, call_axes)(*call_args)
     else:

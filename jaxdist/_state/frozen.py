@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -51,11 +51,12 @@ def check_not_stacked(fn: Callable, chains: list, consts: list) -> None:
 _HERE = os.path.dirname(os.path.abspath(sys.modules[__name__.partition(".")[0]].__file__ or ""))
 
 
-def warn_frozen(fn: Callable, body: Callable, examples: Sequence[Any], axis_env: list) -> None:
-    """Warns naming the arrays of ``fn``'s state that ``body`` (traced inside a user's
-    compile) reads: each is a constant of that compile (in ``jd.function``'s trace, an
-    input it reads afresh: no warning). Raises where the step reads a distributed value
-    of its state as the array of all its components, as an eager step does.
+def warn_frozen(fn: Callable, closed: Any) -> None:
+    """Warns naming the arrays of ``fn``'s state that its step's trace ``closed`` (made
+    inside a user's compile) reads: each is a constant of that compile (in
+    ``jd.function``'s trace, an input it reads afresh: no warning). Raises where the step
+    reads a distributed value of its state as the array of all its components, as an
+    eager step does.
 
     >>> import warnings, jax, jax.numpy as jnp, jaxdist as jd
     >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -69,10 +70,6 @@ def warn_frozen(fn: Callable, body: Callable, examples: Sequence[Any], axis_env:
     code = getattr(getattr(fn, "__func__", fn), "__code__", None)
     if code is not None and code.co_filename.startswith(_HERE):
         return  # jaxdist's own steps (Keras') pass their state as arguments
-    try:
-        closed = jax.make_jaxpr(body, axis_env=axis_env)(*examples)
-    except Exception:  # noqa: BLE001 - the real call reports the step's own errors
-        return
     consts = [
         c
         for c in [*closed.consts, *nested_consts(closed.jaxpr)]
