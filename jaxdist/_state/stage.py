@@ -34,6 +34,7 @@ from jaxdist._jax_internals import nested_consts
 from jaxdist._layout import is_tracer
 from jaxdist._state import assign as _assign
 from jaxdist._state import capture as _capture
+from jaxdist._state import chains as _chains
 from jaxdist._state import hostnum as _hostnum
 from jaxdist._state import placed as _placed
 from jaxdist._state import promote as _promote
@@ -186,7 +187,7 @@ class Staged:
                 )
         self._numbers = numbers_used
         self._swaps = [(c, a.shape, a.dtype) for c, a in swaps]
-        self._types = [type(_capture.fetch(fn, c)) for c in numbers_used]
+        self._types = [type(_chains.fetch(fn, c)) for c in numbers_used]
         self._promote = numbers
         self._watched = tuple(w for w in _watch.settle(fn, watched) if w[0] not in numbers_used)
         self._checker = _watch.Checker(self._watched)
@@ -196,7 +197,7 @@ class Staged:
         self._lift(fn, closed, outputs, before, unfound_nested)
         self._jaxpr = closed.jaxpr
         chains = [*self._numbers, *(c for c, *_ in self._swaps), *(c for _, c, *_ in self._lifted)]
-        self._fetcher = _capture.Fetcher(chains)
+        self._fetcher = _chains.Fetcher(chains)
         self._array_checks = [*self._swaps, *((c, s, d) for _, c, s, d in self._lifted)]
         self._fresh = True
         self.num_inputs = len(chains)
@@ -259,7 +260,7 @@ class Staged:
                 kept.append(array)
             elif chain not in seen:
                 seen.add(chain)
-                swaps.append((chain, _capture.fetch(fn, chain)))
+                swaps.append((chain, _chains.fetch(fn, chain)))
         return swaps, kept
 
     def _trace(
@@ -301,7 +302,7 @@ class Staged:
             return outs + extra + [jax.numpy.asarray(v) for _, v in swap.written]
 
         specs = [_spec(a) for _, a in swaps]
-        specs += [_promote.spec(_capture.fetch(fn, c)) for c in numbers]
+        specs += [_promote.spec(_chains.fetch(fn, c)) for c in numbers]
         make = jax.make_jaxpr(traced, axis_env=axis_env or [])
         if not numbers:
             return make(*examples, *specs), ()
@@ -428,7 +429,7 @@ class Staged:
             return [], ""
         try:
             out = self._fetcher.values(fn)
-        except _capture.Gone as e:
+        except _chains.Gone as e:
             return None, f"a value it read is no longer there ({e})"
         p = len(self._numbers)
         for n, kind, chain in zip(out, self._types, self._numbers):
@@ -445,8 +446,8 @@ class Staged:
             return None, "two names that held one array when it was traced now hold two"
         for chain in self._outs.values():
             try:
-                _capture.fetch(fn, chain)
-            except _capture.Gone:
+                _chains.fetch(fn, chain)
+            except _chains.Gone:
                 return None, f"{_watch.describe(fn, chain)}, which it returns, is gone"
         if self._numbers:
             wide = self._store_numbers(fn, out)
@@ -505,9 +506,9 @@ class Staged:
     def _same_aliases(self, fn: Callable, values: list) -> bool:
         for k, chain in self._aliases:
             try:
-                if not _capture.same_array(_capture.fetch(fn, chain), values[k]):
+                if not _chains.same_array(_chains.fetch(fn, chain), values[k]):
                     return False
-            except _capture.Gone:
+            except _chains.Gone:
                 return False
         return True
 
@@ -535,4 +536,4 @@ class Staged:
         chain = self._outs.get(id(value))
         if chain is None:
             return value
-        return _capture.fetch(fn, chain)
+        return _chains.fetch(fn, chain)

@@ -22,9 +22,10 @@ import jax
 import numpy as np
 
 from jaxdist._state import capture as _capture
+from jaxdist._state import chains as _chains
 from jaxdist._state import names as _names
 from jaxdist._state import peek as _peek
-from jaxdist._state.capture import Chain
+from jaxdist._state.chains import Chain
 
 
 def leaked(fn: Callable) -> str | None:
@@ -54,7 +55,7 @@ def describe(fn: Callable, chain: Chain) -> str:
             out += f"[{key!r}]"
         elif kind == "child":
             out += f".{key[2]}" if key[2] else f"[{key[1]}]"
-        obj = _capture.fetch(obj, ((kind, key),)) if kind != "view" else obj
+        obj = _chains.fetch(obj, ((kind, key),)) if kind != "view" else obj
     return out
 
 
@@ -138,7 +139,7 @@ def _warn_opaque(fn: Callable, chains: list) -> None:
     if not chains:
         return
     where = ", ".join(
-        f"{describe(fn, c)} ({type(_capture.fetch(fn, c)).__name__})" for c in chains[:3]
+        f"{describe(fn, c)} ({type(_chains.fetch(fn, c)).__name__})" for c in chains[:3]
     )
     warnings.warn(
         f"The step {getattr(fn, '__qualname__', fn)!r} reaches {where}: jaxdist cannot look "
@@ -186,8 +187,8 @@ def _by_name(fn: Callable, watched: tuple[Chain, Any, str], named: set[str]) -> 
     if how != "value" or n == len(chain) or not _capture.is_named(chain[:n], named):
         return False
     try:
-        owners = [_capture.fetch(fn, chain[:i]) for i in range(n, len(chain))]
-    except _capture.Gone:
+        owners = [_chains.fetch(fn, chain[:i]) for i in range(n, len(chain))]
+    except _chains.Gone:
         return False
     return all(_names.users_class(type(o)) for o in owners)
 
@@ -291,17 +292,17 @@ def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
 
 class Checker:
     """`changed` for one recorded set, checked on every call: the chains read as a tree
-    (`jaxdist._state.capture.Fetcher`), so that each object on the way is read once (a Keras
+    (`jaxdist._state.chains.Fetcher`), so that each object on the way is read once (a Keras
     model's step watches a thousand values under a few dozen objects)."""
 
     def __init__(self, watched: tuple[tuple[Chain, Any, str], ...]) -> None:
-        self._fetcher = _capture.Fetcher([chain for chain, _, _ in watched])
+        self._fetcher = _chains.Fetcher([chain for chain, _, _ in watched])
         self._recorded = [(value, how) for _, value, how in watched]
 
     def changed(self, fn: Callable) -> bool:
         try:
             now = self._fetcher.values(fn)
-        except _capture.Gone:
+        except _chains.Gone:
             return True
         for n, (value, how) in zip(now, self._recorded):
             if n is not value and _differs(n, value, how):
@@ -337,8 +338,8 @@ def what_changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> s
     """
     for chain, value, how in watched:
         try:
-            now = _capture.fetch(fn, chain)
-        except _capture.Gone:
+            now = _chains.fetch(fn, chain)
+        except _chains.Gone:
             return f"{describe(fn, chain[:-1]) or 'a value it read'} no longer holds what it read"
         if now is value or not _differs(now, value, how):
             continue
@@ -399,8 +400,8 @@ def moved_numbers(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> 
         if how != "value" or type(value) not in (int, float):
             continue
         try:
-            now = _capture.fetch(fn, chain)
-        except _capture.Gone:
+            now = _chains.fetch(fn, chain)
+        except _chains.Gone:
             continue
         if type(now) in (int, float) and not _equal(now, value):
             out.append(chain)
@@ -416,9 +417,9 @@ def settle(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> tuple:
     for chain, value, how in watched:
         if how == "size":
             try:
-                if _size(_capture.fetch(fn, chain)) != value:
+                if _size(_chains.fetch(fn, chain)) != value:
                     continue
-            except _capture.Gone:
+            except _chains.Gone:
                 continue
         out.append((chain, value, how))
     return tuple(out)
