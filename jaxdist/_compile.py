@@ -30,7 +30,7 @@ from jaxdist import _inflight, _jax_internals
 from jaxdist._devices import AXIS, Replicas
 from jaxdist._jax_internals import trace_state_clean
 from jaxdist._layout import globalize
-from jaxdist._state import watch as _watch
+from jaxdist._state import checks as _checks
 from jaxdist._validate import describe
 
 # -- tracing --------------------------------------------------------------------------
@@ -273,7 +273,7 @@ class StepCache:
                 table.popitem(last=False)
             # a step of an object that cannot be weakly referenced (``__slots__``) is
             # only here, and another thread may have built this one meanwhile
-            _watch.note_decline("")
+            _checks.note_decline("")
             found = self._find(variants, inputs)
             if found is not None:
                 return found
@@ -291,7 +291,7 @@ class StepCache:
             else:
                 counts = (self._count(table, sub),)
             if WARN_AT in counts:
-                _warn_retrace(fn, _watch.last_decline(), key)
+                _warn_retrace(fn, _checks.last_decline(), key)
             return entry, extra
 
     @staticmethod

@@ -4,7 +4,8 @@
 state: a chain of steps (``(kind, key)``: a closure cell, a global, an attribute, an
 item, a pytree child, a view...) from the step function to the value. This module
 reads a chain again, on every call: `fetch` one chain, `Fetcher` many as a tree (each
-object on the way read once). It holds what a chain step means (`_STEPS`, the one
+object on the way read once); `describe` names it as Python source reads it
+(``self.model.params['w']``), for the messages that point at a place. It holds what a chain step means (`_STEPS`, the one
 place that follows each kind), the NumPy views a step takes of its state's arrays
 (where one lies in its array, `view_spec`; the same view of the array there now), and
 the pytree children a ``child`` step reads (`pytree_children`). It is apart from the
@@ -115,6 +116,28 @@ def fetch(fn: Callable, chain: Chain) -> Any:
     except Exception as e:
         raise Gone(str(e)) from None
     return obj
+
+
+def describe(fn: Callable, chain: Chain) -> str:
+    """``chain`` as Python source would read it (``self.model.params['w']``)."""
+    out, obj = "", fn
+    for kind, key in chain:
+        if kind == "self":
+            out = "self"
+        elif kind == "cell":
+            out = obj.__code__.co_freevars[key]
+        elif kind == "global":
+            out = key
+        elif kind in ("default", "kwdefault", "parg", "pkw"):
+            out = f"{'default' if 'default' in kind else 'partial'} argument {key!r}"
+        elif kind in ("attr", "getattr", "fattr"):
+            out = (out or getattr(obj, "__name__", "fn")) + f".{key}"
+        elif kind == "item":
+            out += f"[{key!r}]"
+        elif kind == "child":
+            out += f".{key[2]}" if key[2] else f"[{key[1]}]"
+        obj = fetch(obj, ((kind, key),)) if kind != "view" else obj
+    return out
 
 
 class Fetcher:

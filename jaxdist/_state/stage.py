@@ -35,11 +35,13 @@ from jaxdist._layout import is_tracer
 from jaxdist._state import assign as _assign
 from jaxdist._state import capture as _capture
 from jaxdist._state import chains as _chains
+from jaxdist._state import checks as _checks
 from jaxdist._state import hostnum as _hostnum
 from jaxdist._state import placed as _placed
 from jaxdist._state import promote as _promote
 from jaxdist._state import watch as _watch
 from jaxdist._state.frozen import check_not_stacked
+from jaxdist._state.keys import captured_ids
 from jaxdist._validate import describe
 
 
@@ -58,13 +60,6 @@ def example(x: Any, mapped: bool) -> Any:
 
 def _is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray)) and not is_tracer(x)
-
-
-def captured_ids(fn: Callable, strict: bool = False) -> tuple:
-    """What a function captures (closure cells, default arguments): functions by their
-    code and captures, other objects by identity; arrays and Python scalars by type
-    only unless ``strict`` (they are read afresh). See `jaxdist._state.watch.function_key`."""
-    return _watch.function_key(fn, strict)[2]
 
 
 def _warn_unfound_arrays(fn: Callable, unfound: list) -> None:
@@ -220,7 +215,7 @@ class Staged:
             check_not_stacked(fn, chains[: len(consts)], consts)
         unfound = [c for c, ch in zip(consts, chains) if ch is None and c is not None]
         if limits.get("numpy") or any(isinstance(c, np.ndarray) for c in nested):
-            strided = [_watch.describe(fn, c) for c in limits.get("strided", [])]
+            strided = [_chains.describe(fn, c) for c in limits.get("strided", [])]
             _warn_numpy_copies(fn, unfound + nested, strided)
         if not limits.get("truncated"):  # (`locate_all` has warned then)
             _warn_unfound_arrays(fn, [c for c in unfound if id(c) in before] + nested)
@@ -295,7 +290,7 @@ class Staged:
                         raise
                     arrays.check_written()
                     if not self._writes and arrays.written:
-                        where = _watch.describe(fn, chains[arrays.written[0][0]])
+                        where = _chains.describe(fn, chains[arrays.written[0][0]])
                         raise _stored_tracer(fn, where)
                     extra = self._take_assigned(fn, before, set(numbers)) if self._writes else []
             self._written = swap.written
@@ -410,7 +405,7 @@ class Staged:
         with _promote.LOCK:
             out, self.reason = self._current(fn, fresh)
             if out is None:
-                _watch.note_decline(self.reason)
+                _checks.note_decline(self.reason)
                 return None
             p = len(self._numbers)
             if place is not None:
@@ -424,7 +419,7 @@ class Staged:
         if self._watched and not fresh and self._checker.changed(fn):
             if self._promote:
                 _promote.remember(fn, _watch.moved_numbers(fn, self._watched))
-            return None, _watch.what_changed(fn, self._watched)
+            return None, _checks.what_changed(fn, self._watched)
         if self._nothing:
             return [], ""
         try:
@@ -434,13 +429,13 @@ class Staged:
         p = len(self._numbers)
         for n, kind, chain in zip(out, self._types, self._numbers):
             if type(n) is not kind:
-                where = _watch.describe(fn, chain)
+                where = _chains.describe(fn, chain)
                 return None, f"{where} is now a {type(n).__name__}, not a {kind.__name__}"
         for v, (chain, shape, dtype) in zip(out[p:], self._array_checks):
             if not _is_array(v) or v.shape != shape or v.dtype != dtype:
                 now = f"{v.dtype}{list(v.shape)}" if _is_array(v) else type(v).__name__
                 return None, (
-                    f"{_watch.describe(fn, chain)} is now {now}, not {dtype}{list(shape)}"
+                    f"{_chains.describe(fn, chain)} is now {now}, not {dtype}{list(shape)}"
                 )
         if self._aliases and not self._same_aliases(fn, out[p + len(self._swaps) :]):
             return None, "two names that held one array when it was traced now hold two"
@@ -448,7 +443,7 @@ class Staged:
             try:
                 _chains.fetch(fn, chain)
             except _chains.Gone:
-                return None, f"{_watch.describe(fn, chain)}, which it returns, is gone"
+                return None, f"{_chains.describe(fn, chain)}, which it returns, is gone"
         if self._numbers:
             wide = self._store_numbers(fn, out)
             if wide:
@@ -488,7 +483,7 @@ class Staged:
         ints = [i for i in sorted(self._plan.device) if type(out[i]) is int]
         chains = [self._numbers[i] for i in ints]
         _promote.make_static(fn, chains)
-        what = ", ".join(f"{_watch.describe(fn, c)} = {out[i]}" for i, c in zip(ints, chains))
+        what = ", ".join(f"{_chains.describe(fn, c)} = {out[i]}" for i, c in zip(ints, chains))
         warnings.warn(
             f"The step {describe(fn)} computes on the device with an integer past int32 "
             f"(JAX without x64), from {what}: the device would wrap it, so these are part "
@@ -519,7 +514,7 @@ class Staged:
 
     def state(self, fn: Callable) -> dict[str, list[str]]:
         """What this trace reads of ``fn``'s state, as Python names it (`explain`)."""
-        name = functools.partial(_watch.describe, fn)
+        name = functools.partial(_chains.describe, fn)
         host = {self._written[j][0] for j in self._plan.host}
         return {
             "arrays": [name(c) for c, *_ in self._array_checks],
@@ -528,7 +523,7 @@ class Staged:
                 name(self._numbers[i]) + (" (Python's arithmetic)" if i in host else "")
                 for i, _ in self._written
             ],
-            "checked": [_watch.shown(fn, w) for w in self._watched],
+            "checked": [_checks.shown(fn, w) for w in self._watched],
         }
 
     def output(self, fn: Callable, value: Any) -> Any:
