@@ -5,10 +5,11 @@ state: a chain of steps (``(kind, key)``: a closure cell, a global, an attribute
 item, a pytree child, a view...) from the step function to the value. This module
 reads a chain again, on every call: `fetch` one chain, `Fetcher` many as a tree (each
 object on the way read once); `describe` names it as Python source reads it
-(``self.model.params['w']``), for the messages that point at a place. It holds what a chain step means (`_STEPS`, the one
-place that follows each kind), the NumPy views a step takes of its state's arrays
-(where one lies in its array, `view_spec`; the same view of the array there now), and
-the pytree children a ``child`` step reads (`pytree_children`). It is apart from the
+(``self.model.params['w']``), for the messages that point at a place. It holds what a
+chain step means (`_STEPS`, the one place that follows each kind), the NumPy views a
+step takes of its state's arrays (where one lies in its array, `view_spec`; the same
+view of the array there now), and the pytree children a ``child`` step reads
+(`pytree_children`). It is apart from the
 walk that finds the chains (`jaxdist._state.capture`) because everything that reads
 state afresh (`jaxdist._state.watch`, `jaxdist._state.promote`, `jaxdist._state.assign`,
 `jaxdist._state.stage`) needs the reading only.
