@@ -29,7 +29,7 @@ import numpy as np
 from jaxdist import _inflight
 from jaxdist._devices import AXIS, Replicas
 from jaxdist._layout import globalize
-from jaxdist._state import watch as _watch
+from jaxdist._state import checks as _checks
 from jaxdist._validate import describe
 
 # -- pmap ---------------------------------------------------------------------------------
@@ -228,7 +228,7 @@ class StepCache:
                 table.popitem(last=False)
             # a step of an object that cannot be weakly referenced (``__slots__``) is
             # only here, and another thread may have built this one meanwhile
-            _watch.note_decline("")
+            _checks.note_decline("")
             found = self._find(variants, inputs)
             if found is not None:
                 return found
@@ -246,7 +246,7 @@ class StepCache:
             else:
                 counts = (self._count(table, sub),)
             if WARN_AT in counts:
-                _warn_retrace(fn, _watch.last_decline(), key)
+                _warn_retrace(fn, _checks.last_decline(), key)
             return entry, extra
 
     @staticmethod

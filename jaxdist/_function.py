@@ -40,6 +40,7 @@ from jaxdist._errors import OutOfRangeError
 from jaxdist._input import feeds as _feeds
 from jaxdist._input.iterators import DatasetIterator, DistributedIterator
 from jaxdist._state import capture as _capture
+from jaxdist._state import chains as _chains
 from jaxdist._state.stage import Staged, example
 from jaxdist._validate import describe, hashable_arg, is_number
 
@@ -105,8 +106,8 @@ class _Call:
         key = (source, k)
         if key not in self._got:
             kind, at, inner = cast(tuple, source)
-            iterator = self._leaves[at] if kind == "arg" else _capture.fetch(self._fn, at)
-            iterator = _capture.fetch(iterator, inner)
+            iterator = self._leaves[at] if kind == "arg" else _chains.fetch(self._fn, at)
+            iterator = _chains.fetch(iterator, inner)
             if read is None:
                 self._got[key] = next(iterator)
             else:  # inside the trace: the batch is read and placed as eagerly, not traced

@@ -2,10 +2,13 @@
 
 Where a step (an eager ``strategy.run`` step, or a ``jd.function``) reads arrays and Python
 numbers from its closure, globals and object (`capture`, through `peek`, which runs no user
-code, guided by the names the code uses: `names`), the Python values its trace depends on
-(`watch`), its numbers as program inputs (`promote`), writing at those places and what a
-trace assigned (`assign`), a step traced once with that state as inputs (`stage`), and the
-state a user's own ``jax.jit`` froze, named (`frozen`).
+code, guided by the names the code uses: `names`), reading it again there on every call
+(`chains`, which also names a place as Python reads it), the Python values its trace
+depends on (`watch`; words for its checks: `checks`), when two functions are the same step
+(`keys`), its numbers as program inputs (`promote`), writing at those places and what a
+trace assigned (`assign`), a step traced once with that state as inputs (`stage`; what its
+trace says of the state it read: `reads`; each call of it: `calls`), and the state a user's
+own ``jax.jit`` froze, named (`frozen`).
 
 May import: the core's layer 0 and 1 modules; no other wing.
 """

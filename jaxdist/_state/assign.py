@@ -30,8 +30,9 @@ import jax
 import numpy as np
 
 from jaxdist._state import capture as _capture
+from jaxdist._state import chains as _chains
 from jaxdist._state import peek as _peek
-from jaxdist._state.capture import Chain
+from jaxdist._state.chains import Chain
 
 MISSING = object()  # a place that did not exist (an attribute the trace created)
 
@@ -119,8 +120,8 @@ def _rebuilt(parent: Any, kind: str, key: Any, value: Any) -> Any:
 
 def _old(parent: Any, kind: str, key: Any) -> Any:
     try:
-        return _capture.fetch(parent, ((kind, key),))
-    except _capture.Gone:
+        return _chains.fetch(parent, ((kind, key),))
+    except _chains.Gone:
         return MISSING
 
 
@@ -140,8 +141,8 @@ def replace(fn: Callable, chain: Chain, value: Any) -> list[tuple[Chain, Any]]:
     while chain:
         kind, key = chain[-1]
         try:
-            parent = _capture.fetch(fn, chain[:-1])
-        except _capture.Gone as e:
+            parent = _chains.fetch(fn, chain[:-1])
+        except _chains.Gone as e:
             raise NotAPlace(str(e)) from None
         setter = _SETTERS.get(kind)
         if setter is not None and _mutable(parent, kind):
@@ -166,7 +167,7 @@ def _mutable(parent: Any, kind: str) -> bool:
 def restore(fn: Callable, undo: list[tuple[Chain, Any]]) -> None:
     """Puts back what `replace` (or several of them, in order) found there."""
     for chain, old in reversed(undo):
-        parent = _capture.fetch(fn, chain[:-1])
+        parent = _chains.fetch(fn, chain[:-1])
         kind, key = chain[-1]
         if old is not MISSING:
             _SETTERS[kind](parent, key, old)
@@ -183,9 +184,9 @@ def restore(fn: Callable, undo: list[tuple[Chain, Any]]) -> None:
 def can_replace(fn: Callable, chain: Chain) -> bool:
     """Whether `replace` can write at ``chain`` (checked by writing the value back)."""
     try:
-        value = _capture.fetch(fn, chain)
+        value = _chains.fetch(fn, chain)
         restore(fn, replace(fn, chain, value))
-    except (NotAPlace, _capture.Gone):
+    except (NotAPlace, _chains.Gone):
         return False
     return True
 
@@ -208,8 +209,8 @@ class Swapped:
         """Records what the body stored at the swapped places (call before leaving)."""
         for i, (chain, value) in enumerate(zip(self._chains, self._values)):
             try:
-                now = _capture.fetch(self._fn, chain)
-            except _capture.Gone:
+                now = _chains.fetch(self._fn, chain)
+            except _chains.Gone:
                 continue
             if now is not value:
                 self.written.append((i, now))

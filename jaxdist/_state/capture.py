@@ -7,8 +7,9 @@ program. To keep TF's meaning without a trace per call, jaxdist finds, once per
 trace, *where* the step read each such constant (`locate`: a chain of closure
 cells, globals, imported modules, function attributes, attributes, items and
 pytree children from the step function), and reads it there again on every call
-(`fetch`), passing it to the program as an argument. The Python values a trace
-depends on are `jaxdist._state.watch`'s, which walks the same way (`walk`).
+(`jaxdist._state.chains.fetch`), passing it to the program as an argument. The
+Python values a trace depends on are `jaxdist._state.watch`'s, which walks the same
+way (`walk`).
 
 The walk has no depth bound (an optax state over a flax model is 20 levels deep)
 and reads every item of a container; it stops after `MAX_NODES` objects, and then
@@ -38,11 +39,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxdist._state import chains as _chains
 from jaxdist._state import names as _names
 from jaxdist._state import peek as _peek
+from jaxdist._state.chains import Chain
 from jaxdist._values import DistributedValues
 
-Chain = tuple  # ((kind, key), ...) from the step function to a value
 MAX_NODES = 200_000  # objects looked at per trace; past it, a warning (`locate_all`)
 _OPAQUE = (types.ModuleType, types.BuiltinFunctionType, str, bytes, int, float, complex)
 
@@ -52,18 +54,6 @@ _OPAQUE = (types.ModuleType, types.BuiltinFunctionType, str, bytes, int, float, 
 _HOLDERS = frozenset(
     ("cell", "global", "default", "kwdefault", "parg", "pkw", "attr", "getattr", "fattr")
 )
-
-Gone = _peek.Gone  # the value a chain led to is no longer there
-
-
-def _pytree_children(obj: Any) -> tuple[list, Any] | None:
-    """The children of a registered pytree node (None for a leaf)."""
-    if _peek.is_a(obj, Iterator):  # generators and iterators are leaves (JAX warns on them)
-        return None
-    kids, treedef = jax.tree_util.tree_flatten(obj, is_leaf=lambda x: x is not obj)
-    if len(kids) == 1 and kids[0] is obj:
-        return None
-    return kids, treedef
 
 
 def _child_names(obj: Any, n: int) -> list:
@@ -135,14 +125,14 @@ def _distributed_children(value: Any) -> Iterator[tuple[tuple, Any]]:
     which a step must not read as its own: `Staged` raises naming it)."""
     if _peek.type_lookup(type(value), "__jaxdist_local__") is not None:
         yield ("local", None), value.__jaxdist_local__()
-    node = _pytree_children(value)
+    node = _chains.pytree_children(value)
     for i, a in enumerate(node[0] if node is not None else ()):
         yield ("stacked", (node[1], i, None)), a  # type: ignore[index]
 
 
 def _object_children(obj: Any) -> Iterator[tuple[tuple, Any]]:
     """A pytree node's children, or an object's attributes."""
-    node = _pytree_children(obj)
+    node = _chains.pytree_children(obj)
     if node is not None:
         names = _child_names(obj, len(node[0]))
         for i, a in enumerate(node[0]):
@@ -267,7 +257,7 @@ def locate_all(fn: Callable, targets: list, limits: dict | None = None) -> list[
         if _peek.is_a(t, np.ndarray) and t.base is not None:
             # JAX keeps a NumPy constant as a view of the user's array, or of a view of
             # it taken in the step (``table[0]``): found through the memory's owner
-            want.setdefault(id(_owner(t)), []).append(i)
+            want.setdefault(id(_chains.owner(t)), []).append(i)
     candidates: list[list[Chain]] = [[] for _ in targets]
     named: set[str] = set()
     limits = {} if limits is None else limits
@@ -276,14 +266,16 @@ def locate_all(fn: Callable, targets: list, limits: dict | None = None) -> list[
             limits["numpy"] = True
             if not child.flags.c_contiguous:  # a view of it is copied, not found
                 limits.setdefault("strided", []).append(chain)
-        keys = {id(child), id(_owner(child))} if _peek.is_a(child, np.ndarray) else {id(child)}
+        keys = (
+            {id(child), id(_chains.owner(child))} if _peek.is_a(child, np.ndarray) else {id(child)}
+        )
         for i in {i for k in keys for i in want.get(k, ())}:
             if len(candidates[i]) >= 4:
                 continue
-            if _same(child, targets[i]):
+            if _chains.same_array(child, targets[i]):
                 candidates[i].append(chain)
-            elif _inside(targets[i], child):
-                candidates[i].append((*chain, ("view", _view_spec(child, targets[i]))))
+            elif _chains.inside(targets[i], child):
+                candidates[i].append((*chain, ("view", _chains.view_spec(child, targets[i]))))
     out = []
     for chains in candidates:
         chains.sort(key=lambda c: c[-1][0] == "view")  # the array itself before a view
@@ -300,11 +292,6 @@ def locate_all(fn: Callable, targets: list, limits: dict | None = None) -> list[
             stacklevel=6,
         )
     return out
-
-
-def same_array(a: Any, b: Any) -> bool:
-    """``a`` is ``b``, or both are NumPy arrays over the same memory, laid out alike."""
-    return a is b or _same(a, b)
 
 
 def is_named(chain: Chain, named: set[str]) -> bool:
@@ -325,152 +312,11 @@ def _name(kind: str, key: Any) -> str | None:
     return key[2] if kind == "child" else None
 
 
-def _same(child: Any, target: Any) -> bool:
-    if child is target:
-        return True
-    return (  # a NumPy view of all of ``child``, as it is laid out
-        _peek.is_a(child, np.ndarray)
-        and _peek.is_a(target, np.ndarray)
-        and child.shape == target.shape
-        and child.dtype == target.dtype
-        and child.strides == target.strides
-        and child.__array_interface__["data"][0] == target.__array_interface__["data"][0]
-    )
-
-
-def _owner(x: np.ndarray) -> Any:
-    while isinstance(x.base, np.ndarray):  # (NumPy arrays only: no user code)
-        x = x.base
-    return x.base if x.base is not None else x
-
-
-def _inside(view: Any, base: Any) -> bool:
-    """Whether NumPy array ``view`` lies in the memory of NumPy array ``base``."""
-    if not (_peek.is_a(view, np.ndarray) and _peek.is_a(base, np.ndarray)):
-        return False
-    low, high = _bounds(view)
-    base_low, base_high = _bounds(base)
-    return base_low <= low and high <= base_high and base.flags.c_contiguous
-
-
-def _bounds(x: np.ndarray) -> tuple[int, int]:
-    start = x.__array_interface__["data"][0]
-    extents = [(n - 1) * s for n, s in zip(x.shape, x.strides)]
-    low = start + sum(min(0, e) for e in extents)
-    return low, start + sum(max(0, e) for e in extents) + x.itemsize
-
-
-def _view_spec(base: np.ndarray, view: np.ndarray) -> tuple:
-    """Where ``view`` (``table[0]``, ``table.T`` taken in the step) lies in ``base``."""
-    offset = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-    layout = (base.shape, base.strides, base.dtype.str)
-    return (offset, view.shape, view.strides, view.dtype.str, layout)
-
-
-def _view(base: Any, spec: tuple) -> np.ndarray:
-    """The same view of the array now at ``base``'s place (its new values too)."""
-    offset, shape, strides, dtype, layout = spec
-    if not _peek.is_a(base, np.ndarray) or (base.shape, base.strides, base.dtype.str) != layout:
-        raise Gone("the array a view was taken of changed layout")
-    return np.ndarray(shape, np.dtype(dtype), buffer=base, offset=offset, strides=strides)
-
-
 def _safe_children(obj: Any) -> list:
     try:
         return list(_children(obj))
     except Exception:  # an object whose attributes cannot be listed is not looked into
         return []
-
-
-def fetch(fn: Callable, chain: Chain) -> Any:
-    """The value at the end of ``chain`` now (raises `Gone` if it is not there)."""
-    obj = fn
-    try:
-        for kind, key in chain:
-            obj = _STEPS[kind](obj, key)
-    except Gone:
-        raise
-    except Exception as e:
-        raise Gone(str(e)) from None
-    return obj
-
-
-class Fetcher:
-    """`fetch` of many chains at once, as a tree: each object on the way is read once
-    (10,000 parameters under ``self.params`` are 10,000 item reads, not 30,000 links)."""
-
-    def __init__(self, chains: list) -> None:
-        self._root: dict = {}
-        self._n = len(chains)
-        for i, chain in enumerate(chains):
-            node = self._root
-            for link in chain:
-                node = node.setdefault(link, {})
-            node.setdefault(None, []).append(i)
-
-    def values(self, fn: Callable) -> list:
-        """The value at the end of each chain now (raises `Gone` if one is not there)."""
-        out: list = [None] * self._n
-        _collect(fn, self._root, out)
-        return out
-
-
-def _collect(obj: Any, node: dict, out: list) -> None:
-    for link, sub in node.items():
-        if link is None:
-            for i in sub:
-                out[i] = obj
-        elif len(sub) == 1 and None in sub:  # a chain's last link: no call deeper
-            value = _step(obj, link)
-            for i in sub[None]:
-                out[i] = value
-        else:
-            _collect(_step(obj, link), sub, out)
-
-
-def _step(obj: Any, link: tuple) -> Any:
-    """One link of a chain from ``obj`` (raises `Gone` if it is not there)."""
-    try:
-        return _STEPS[link[0]](obj, link[1])
-    except Gone:
-        raise
-    except Exception as e:
-        raise Gone(str(e)) from None
-
-
-def _gone() -> Any:
-    raise Gone("the value changed type")
-
-
-def _child(obj: Any, key: tuple) -> Any:
-    node = _pytree_children(obj)
-    if node is None or node[1] != key[0]:
-        raise Gone("pytree structure changed")
-    return node[0][key[1]]
-
-
-_STEPS: dict[str, Callable[[Any, Any], Any]] = {
-    "self": lambda o, k: o.__self__,
-    "local": lambda o, k: o.__jaxdist_local__(),
-    "func": lambda o, k: o.__func__,
-    "pfunc": lambda o, k: o.func,
-    "parg": lambda o, k: o.args[k],
-    "pkw": lambda o, k: o.keywords[k],
-    "cell": lambda o, k: o.__closure__[k].cell_contents,
-    "global": lambda o, k: o.__globals__[k],
-    "item": _peek.item,
-    "attr": lambda o, k: (_peek.instance_dict(o) or {})[k],
-    "getattr": lambda o, k: _peek.safe_getattr(o, k),
-    "import": lambda o, k: sys.modules[k],
-    "fattr": lambda o, k: o.__dict__[k],
-    "deref": lambda o, k: o() if type(o) is weakref.ref else _gone(),
-    "flat": lambda o, k: o.ravel()[k] if _peek.is_a(o, np.ndarray) else _gone(),
-    "stacked": lambda o, k: _child(o, k),
-    "default": lambda o, k: o.__defaults__[k],
-    "kwdefault": lambda o, k: o.__kwdefaults__[k],
-    "child": _child,
-    "view": _view,
-}
 
 
 # objects whose contents jaxdist cannot read without running code: what a step reads

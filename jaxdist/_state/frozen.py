@@ -24,6 +24,7 @@ from jaxdist import _context
 from jaxdist._jax_internals import nested_consts
 from jaxdist._layout import is_tracer
 from jaxdist._state import capture as _capture
+from jaxdist._state import chains as _chains
 from jaxdist._state import watch as _watch
 from jaxdist._validate import describe
 
@@ -36,7 +37,7 @@ def check_not_stacked(fn: Callable, chains: list, consts: list) -> None:
             continue
         for k, (kind, _) in enumerate(chain):
             if kind == "stacked":
-                where = _watch.describe(fn, chain[:k])
+                where = _chains.describe(fn, chain[:k])
                 raise RuntimeError(
                     f"The step {describe(fn)} read {where}, a distributed value (one component "
                     f"per replica), as the array of all its components (shape "
@@ -80,9 +81,9 @@ def warn_frozen(fn: Callable, closed: Any) -> None:
     check_not_stacked(fn, chains, consts)
     if _context.in_function():
         return
-    found = [_watch.describe(fn, c) for c in chains if c is not None]
+    found = [_chains.describe(fn, c) for c in chains if c is not None]
     found += [  # Python numbers of the state: baked in as well
-        _watch.describe(fn, chain)
+        _chains.describe(fn, chain)
         for chain, value, how in _watch.watch(fn)
         if how == "value" and type(value) in (int, float)
     ]

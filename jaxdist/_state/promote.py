@@ -28,9 +28,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdist._state import capture as _capture
+from jaxdist._state import chains as _chains
 from jaxdist._state import peek as _peek
-from jaxdist._state.capture import Chain
+from jaxdist._state.chains import Chain
 
 _MAX_CODES = 256
 # held while a call reads the numbers of a step's state and stores those it computes
@@ -86,9 +86,9 @@ def promoted(fn: Callable) -> tuple[Chain, ...]:
     out = []
     for chain in sorted(chains, key=repr):
         try:
-            if is_number(_capture.fetch(fn, chain)):
+            if is_number(_chains.fetch(fn, chain)):
                 out.append(chain)
-        except _capture.Gone:
+        except _chains.Gone:
             continue
     return tuple(out)
 
@@ -110,8 +110,8 @@ def writable(fn: Callable, chain: Chain) -> bool:
     if kind not in _SETTERS:
         return False
     try:
-        parent = _capture.fetch(fn, chain[:-1])
-    except _capture.Gone:
+        parent = _chains.fetch(fn, chain[:-1])
+    except _chains.Gone:
         return False
     if kind == "item":
         return type(parent) in (dict, list) or _peek.is_a(parent, (dict, list))
@@ -125,7 +125,7 @@ def writable(fn: Callable, chain: Chain) -> bool:
 def put(fn: Callable, chain: Chain, value: Any) -> None:
     """Stores ``value`` at the end of ``chain`` (a place `writable` accepts)."""
     kind, key = chain[-1]
-    _SETTERS[kind](_capture.fetch(fn, chain[:-1]), key, value)
+    _SETTERS[kind](_chains.fetch(fn, chain[:-1]), key, value)
 
 
 def _set_item(parent: Any, key: Any, value: Any) -> None:
@@ -160,7 +160,7 @@ class Swapped:
 
     def __enter__(self) -> Swapped:
         for chain, tracer in zip(self._chains, self._tracers):
-            self._saved.append(_capture.fetch(self._fn, chain))
+            self._saved.append(_chains.fetch(self._fn, chain))
             put(self._fn, chain, tracer)
         self._token = _ACTIVE.set(self)
         return self
@@ -175,8 +175,8 @@ class Swapped:
         out = []
         for i, (chain, tracer) in enumerate(zip(self._chains, self._tracers)):
             try:
-                now = _capture.fetch(self._fn, chain)
-            except _capture.Gone:
+                now = _chains.fetch(self._fn, chain)
+            except _chains.Gone:
                 continue
             if now is not tracer:
                 out.append((i, now))
@@ -184,7 +184,7 @@ class Swapped:
 
     def now(self) -> list[Any]:
         """The values at the places now (a tracer, or what the step stored there)."""
-        return [_capture.fetch(self._fn, chain) for chain in self._chains]
+        return [_chains.fetch(self._fn, chain) for chain in self._chains]
 
     def put_back(self, values: Sequence[Any]) -> None:
         """Stores ``values`` at the places (as `now` gave them)."""
@@ -201,8 +201,8 @@ class Swapped:
         _ACTIVE.reset(self._token)
         for i, (chain, tracer) in enumerate(zip(self._chains, self._tracers)):
             try:
-                now = _capture.fetch(self._fn, chain)
-            except _capture.Gone:
+                now = _chains.fetch(self._fn, chain)
+            except _chains.Gone:
                 now = tracer
             if now is not tracer:
                 self.written.append((i, now))
@@ -226,8 +226,8 @@ def write_back(fn: Callable, chains: Sequence[Chain], written: list, values: lis
     """Stores each written value (replica 0's, a Python number of the type there now)."""
     for (i, _), value in zip(written, values):
         try:
-            old = _capture.fetch(fn, chains[i])
-        except _capture.Gone:
+            old = _chains.fetch(fn, chains[i])
+        except _chains.Gone:
             continue
         row = np.asarray(value)
         number = row.reshape(-1)[0].item() if row.size else row.item()

@@ -8,7 +8,9 @@ call (`Staged.inputs`), so an eager step never computes with a stale array and
 is not traced again when only their values change. Python numbers of the state
 that change between calls become inputs as well (`jaxdist._state.promote`). The program
 itself is `Staged.evaluate`, which jaxdist then maps over the replicas (`jax.pmap`)
-or compiles (`jax.jit`).
+or compiles (`jax.jit`). What runs on each call (`Staged.inputs`, `Staged.write_back`)
+is `jaxdist._state.calls`'s, which `Staged` derives from; the words a trace says of the
+state it read are `jaxdist._state.reads`'s.
 
 Why locate state once per trace rather than run the step's Python on every call
 (TF eager's way, complete by construction): a fresh trace of an MLP training step
@@ -21,7 +23,6 @@ NumPy array computed from NumPy state a warning.
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,11 +35,14 @@ from jaxdist._jax_internals import nested_consts
 from jaxdist._layout import is_tracer
 from jaxdist._state import assign as _assign
 from jaxdist._state import capture as _capture
-from jaxdist._state import hostnum as _hostnum
-from jaxdist._state import placed as _placed
+from jaxdist._state import chains as _chains
+from jaxdist._state import checks as _checks
 from jaxdist._state import promote as _promote
+from jaxdist._state import reads as _reads
 from jaxdist._state import watch as _watch
+from jaxdist._state.calls import Calls, is_concrete_array
 from jaxdist._state.frozen import check_not_stacked
+from jaxdist._state.keys import captured_ids
 from jaxdist._validate import describe
 
 
@@ -55,75 +59,10 @@ def example(x: Any, mapped: bool) -> Any:
     return spec
 
 
-def _is_array(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray)) and not is_tracer(x)
-
-
-def captured_ids(fn: Callable, strict: bool = False) -> tuple:
-    """What a function captures (closure cells, default arguments): functions by their
-    code and captures, other objects by identity; arrays and Python scalars by type
-    only unless ``strict`` (they are read afresh). See `jaxdist._state.watch.function_key`."""
-    return _watch.function_key(fn, strict)[2]
-
-
-def _warn_unfound_arrays(fn: Callable, unfound: list) -> None:
-    """Warns once per trace where the step read JAX arrays that existed before its trace
-    but are not where jaxdist looks for state (an installed package's global, an object
-    reached only through a C extension or a call it cannot follow): each stays a
-    constant of the program."""
-    arrays = [c for c in unfound if isinstance(c, jax.Array)]
-    if not arrays:
-        return
-    what = ", ".join(f"{c.dtype}{list(c.shape)}" for c in arrays[:3])
-    warnings.warn(
-        f"The step {describe(fn)} read {len(arrays)} JAX array(s) ({what}) that jaxdist "
-        "could not find in the state it can reach from the step (its closure, globals, "
-        "object and what they hold): an installed package's global, or an object reached "
-        "only through a call. Each is a constant of the compiled step, so a later change "
-        "is not seen. Pass it to strategy.run as an argument, or keep it on the step's "
-        "object or in a global of your program.",
-        RuntimeWarning,
-        stacklevel=5,
-    )
-
-
-def _warn_numpy_copies(fn: Callable, unfound: list, strided: list) -> None:
-    """Warns once per trace where a step whose state holds NumPy arrays made a NumPy
-    array jaxdist cannot trace back to it (``np.exp(self.w)``, a view of a Fortran-ordered
-    or strided array that JAX copied): it stays a constant of the program."""
-    copies = [c for c in unfound if isinstance(c, np.ndarray)]
-    if not copies:
-        return
-    what = ", ".join(f"{c.dtype}{list(c.shape)}" for c in copies[:3])
-    if strided:
-        what += f"; perhaps views of {', '.join(strided[:3])} (not C-contiguous: copied)"
-    warnings.warn(
-        f"The step {describe(fn)} reads NumPy arrays from its state and computed "
-        f"{len(copies)} NumPy array(s) ({what}) that are not in it (np.exp(self.w), "
-        "x.astype(...), a view of a Fortran-ordered or strided array): each is a constant "
-        "of the compiled step, so a later change of the data it came from is not seen. "
-        "Use jax.numpy on the state instead (jnp.exp(self.w), jnp.asarray(table)[1]), "
-        "or pass the result to strategy.run as an argument.",
-        RuntimeWarning,
-        stacklevel=5,
-    )
-
-
-def _stored_tracer(fn: Callable, where: str) -> RuntimeError:
-    return RuntimeError(
-        f"The step {describe(fn)} stored a value it computed in {where} (a JAX "
-        "tracer): jaxdist traces the step once, so an assignment inside it does not "
-        "happen on every call, and the stored tracer is invalid once the trace ends. "
-        f"Return the new value from the step and assign it after strategy.run "
-        f"({where} = strategy.run(...)), as with a tf.Variable's assign, or make the "
-        "function that calls strategy.run a jd.function, which writes back what it assigns."
-    )
-
-
 _NOWHERE = object()  # what `locate_all` looks for in place of a fed array: never found
 
 
-class Staged:
+class Staged(Calls):
     """``body`` traced once on ``examples``; what it read from ``fn``'s state is an input.
 
     Args:
@@ -186,17 +125,17 @@ class Staged:
                 )
         self._numbers = numbers_used
         self._swaps = [(c, a.shape, a.dtype) for c, a in swaps]
-        self._types = [type(_capture.fetch(fn, c)) for c in numbers_used]
+        self._types = [type(_chains.fetch(fn, c)) for c in numbers_used]
         self._promote = numbers
         self._watched = tuple(w for w in _watch.settle(fn, watched) if w[0] not in numbers_used)
         self._checker = _watch.Checker(self._watched)
         where = _watch.leaked(fn)
         if where is not None:
-            raise _stored_tracer(fn, where)
+            raise _reads.stored_tracer(fn, where)
         self._lift(fn, closed, outputs, before, unfound_nested)
         self._jaxpr = closed.jaxpr
         chains = [*self._numbers, *(c for c, *_ in self._swaps), *(c for _, c, *_ in self._lifted)]
-        self._fetcher = _capture.Fetcher(chains)
+        self._fetcher = _chains.Fetcher(chains)
         self._array_checks = [*self._swaps, *((c, s, d) for _, c, s, d in self._lifted)]
         self._fresh = True
         self.num_inputs = len(chains)
@@ -210,7 +149,7 @@ class Staged:
         self._n_fed = len(fed)
         self._fed = [(i, fed[id(c)]) for i, c in enumerate(closed.consts) if id(c) in fed]
         consts: list[Any] = [None if id(c) in fed else c for c in closed.consts]
-        out_consts = [x for x in outputs() if _is_array(x)]
+        out_consts = [x for x in outputs() if is_concrete_array(x)]
         limits: dict = {}
         probe = [_NOWHERE if c is None else c for c in consts] + out_consts
         found = _capture.locate_all(fn, probe, limits) if len(fed) < len(probe) else []
@@ -219,10 +158,10 @@ class Staged:
             check_not_stacked(fn, chains[: len(consts)], consts)
         unfound = [c for c, ch in zip(consts, chains) if ch is None and c is not None]
         if limits.get("numpy") or any(isinstance(c, np.ndarray) for c in nested):
-            strided = [_watch.describe(fn, c) for c in limits.get("strided", [])]
-            _warn_numpy_copies(fn, unfound + nested, strided)
+            strided = [_chains.describe(fn, c) for c in limits.get("strided", [])]
+            _reads.warn_numpy_copies(fn, unfound + nested, strided)
         if not limits.get("truncated"):  # (`locate_all` has warned then)
-            _warn_unfound_arrays(fn, [c for c in unfound if id(c) in before] + nested)
+            _reads.warn_unfound_arrays(fn, [c for c in unfound if id(c) in before] + nested)
         lifted = [(i, c) for i, c in enumerate(chains[: len(consts)]) if c is not None]
         self._lifted = [(i, c, np.shape(consts[i]), consts[i].dtype) for i, c in lifted]
         # one array read under two names was traced as one: valid while they hold one array
@@ -259,7 +198,7 @@ class Staged:
                 kept.append(array)
             elif chain not in seen:
                 seen.add(chain)
-                swaps.append((chain, _capture.fetch(fn, chain)))
+                swaps.append((chain, _chains.fetch(fn, chain)))
         return swaps, kept
 
     def _trace(
@@ -294,14 +233,14 @@ class Staged:
                         raise
                     arrays.check_written()
                     if not self._writes and arrays.written:
-                        where = _watch.describe(fn, chains[arrays.written[0][0]])
-                        raise _stored_tracer(fn, where)
+                        where = _chains.describe(fn, chains[arrays.written[0][0]])
+                        raise _reads.stored_tracer(fn, where)
                     extra = self._take_assigned(fn, before, set(numbers)) if self._writes else []
             self._written = swap.written
             return outs + extra + [jax.numpy.asarray(v) for _, v in swap.written]
 
         specs = [_spec(a) for _, a in swaps]
-        specs += [_promote.spec(_capture.fetch(fn, c)) for c in numbers]
+        specs += [_promote.spec(_chains.fetch(fn, c)) for c in numbers]
         make = jax.make_jaxpr(traced, axis_env=axis_env or [])
         if not numbers:
             return make(*examples, *specs), ()
@@ -360,165 +299,9 @@ class Staged:
         head, nums, swaps = args[: k - n - s], args[k - n - s : k - s], args[k - s : k]
         return jaxpr_as_fun(ClosedJaxpr(self._jaxpr, consts))(*head, *swaps, *nums)
 
-    def overwritten(self) -> list[int]:
-        """The indices, among the inputs after the step's arguments, of the arrays read
-        from places the function assigns (``self.params`` of ``self.params = new``)."""
-        places = [chain for chain, _, _ in self._assigned]
-        chains = [*self._numbers, *(c for c, *_ in self._swaps), *(c for _, c, *_ in self._lifted)]
-        return [
-            i
-            for i, chain in enumerate(chains)
-            if i >= len(self._numbers) and any(chain[: len(p)] == p for p in places)
-        ]
-
-    def write_back(self, fn: Callable, outs: list) -> None:
-        """Stores what the step wrote in its state: (``writes``) the values it assigned,
-        and the numbers it wrote that were computed on the device (the last outputs);
-        those computed on the host (`jaxdist._state.hostnum`) were stored by `inputs`, and
-        nothing waits for the device for them."""
-        end = len(outs) - len(self._written)
-        pending = [j for j in range(len(self._written)) if j not in self._plan.host]
-        if pending:
-            tail = outs[end:]
-            written = [self._written[j] for j in pending]
-            _promote.write_back(fn, self._numbers, written, [tail[j] for j in pending])
-        n = sum(sum(1 for x in leaves if x is None) for _, _, leaves in self._assigned)
-        it = iter(outs[end - n : end])
-        for chain, treedef, leaves in self._assigned:
-            value = treedef.unflatten([next(it) if x is None else x for x in leaves])
-            _assign.replace(fn, chain, value)
-
-    @functools.cached_property
-    def _plan(self) -> _hostnum.HostPlan:
-        first = len(self._jaxpr.invars) - len(self._numbers)
-        return _hostnum.plan(self._jaxpr, first, range(len(self._written)))
-
-    def inputs(self, fn: Callable, place: Callable[[Any], Any] | None = None) -> list | None:
-        """The captured arrays now, or None when ``fn``'s state no longer fits this trace
-        (a watched number changed, an array changed shape or dtype, or moved); `reason`
-        then says which check failed, naming the value.
-
-        ``place`` puts a JAX array where the program reads it; the placed copy is kept
-        while the state holds the same array (JAX arrays are immutable), so unchanged
-        state is not copied again on every call. NumPy arrays are placed every call
-        (they can change in place). The numbers the step writes that the host computes
-        (`jaxdist._state.hostnum`) are stored here, in the same critical section as the read
-        of the numbers they are computed from (two threads counting lose no count).
-        """
-        fresh, self._fresh = self._fresh, False  # the call that traced it ran the step
-        with _promote.LOCK:
-            out, self.reason = self._current(fn, fresh)
-            if out is None:
-                _watch.note_decline(self.reason)
-                return None
-            p = len(self._numbers)
-            if place is not None:
-                out[p:] = [self._place(k, v, place) for k, v in enumerate(out[p:])]
-        return out
-
-    def _current(self, fn: Callable, fresh: bool) -> tuple[list | None, str]:
-        """The values read now, or None and why they do not fit this trace."""
-        if captured_ids(fn, self._strict) != self._captured:
-            return None, "it captures other objects (a closure cell or default argument)"
-        if self._watched and not fresh and self._checker.changed(fn):
-            if self._promote:
-                _promote.remember(fn, _watch.moved_numbers(fn, self._watched))
-            return None, _watch.what_changed(fn, self._watched)
-        if self._nothing:
-            return [], ""
-        try:
-            out = self._fetcher.values(fn)
-        except _capture.Gone as e:
-            return None, f"a value it read is no longer there ({e})"
-        p = len(self._numbers)
-        for n, kind, chain in zip(out, self._types, self._numbers):
-            if type(n) is not kind:
-                where = _watch.describe(fn, chain)
-                return None, f"{where} is now a {type(n).__name__}, not a {kind.__name__}"
-        for v, (chain, shape, dtype) in zip(out[p:], self._array_checks):
-            if not _is_array(v) or v.shape != shape or v.dtype != dtype:
-                now = f"{v.dtype}{list(v.shape)}" if _is_array(v) else type(v).__name__
-                return None, (
-                    f"{_watch.describe(fn, chain)} is now {now}, not {dtype}{list(shape)}"
-                )
-        if self._aliases and not self._same_aliases(fn, out[p + len(self._swaps) :]):
-            return None, "two names that held one array when it was traced now hold two"
-        for chain in self._outs.values():
-            try:
-                _capture.fetch(fn, chain)
-            except _capture.Gone:
-                return None, f"{_watch.describe(fn, chain)}, which it returns, is gone"
-        if self._numbers:
-            wide = self._store_numbers(fn, out)
-            if wide:
-                return None, wide
-        return out, ""
-
-    def _store_numbers(self, fn: Callable, out: list) -> str:
-        """Stores the written numbers the host computes (Python's arithmetic, from the
-        numbers in ``out``); numbers only the host reads go to the device as zeros. An
-        integer the device computes with that is past int32 (where it would wrap) makes
-        the step's integers part of its trace instead, with a warning: why, or ""."""
-        values, wide = self._plan.run(out[: len(self._numbers)])
-        if wide:
-            return self._too_wide(fn, out)
-        stored = [self._numbers[self._written[j][0]] for j in self._plan.host]
-        self._unread = [(c, out[self._numbers.index(c)]) for c in stored]
-        for chain, value in zip(stored, values):
-            _promote.put(fn, chain, value)
-        for i in range(len(self._numbers)):
-            if i not in self._plan.device:
-                out[i] = type(out[i])(0)
-        return ""
-
-    _unread: list = []
-
-    def unread(self, fn: Callable) -> None:
-        """Puts back the numbers the last `inputs` stored (its call did not run: the
-        caller takes another program), so that a counter counts that call once."""
-        with _promote.LOCK:
-            for chain, value in self._unread:
-                _promote.put(fn, chain, value)
-            self._unread = []
-
-    def _too_wide(self, fn: Callable, out: list) -> str:
-        if self._wide:  # warned once: this trace is not used again
-            return self._wide
-        ints = [i for i in sorted(self._plan.device) if type(out[i]) is int]
-        chains = [self._numbers[i] for i in ints]
-        _promote.make_static(fn, chains)
-        what = ", ".join(f"{_watch.describe(fn, c)} = {out[i]}" for i, c in zip(ints, chains))
-        warnings.warn(
-            f"The step {describe(fn)} computes on the device with an integer past int32 "
-            f"(JAX without x64), from {what}: the device would wrap it, so these are part "
-            "of the trace from now on (each new value traces again; JAX refuses a Python "
-            "int past int32 in an array operation). Pass it to strategy.run as an argument "
-            "if it changes on every call, or compute with it in Python.",
-            RuntimeWarning,
-            stacklevel=6,
-        )
-        self._wide = f"{what} computes past int32 on the device"
-        return self._wide
-
-    _wide = ""
-
-    def _same_aliases(self, fn: Callable, values: list) -> bool:
-        for k, chain in self._aliases:
-            try:
-                if not _capture.same_array(_capture.fetch(fn, chain), values[k]):
-                    return False
-            except _capture.Gone:
-                return False
-        return True
-
-    def _place(self, k: int, v: Any, place: Callable[[Any], Any]) -> Any:
-        if not isinstance(v, jax.Array):
-            return place(v)
-        return _placed.placed(v, place)
-
     def state(self, fn: Callable) -> dict[str, list[str]]:
         """What this trace reads of ``fn``'s state, as Python names it (`explain`)."""
-        name = functools.partial(_watch.describe, fn)
+        name = functools.partial(_chains.describe, fn)
         host = {self._written[j][0] for j in self._plan.host}
         return {
             "arrays": [name(c) for c, *_ in self._array_checks],
@@ -527,12 +310,5 @@ class Staged:
                 name(self._numbers[i]) + (" (Python's arithmetic)" if i in host else "")
                 for i, _ in self._written
             ],
-            "checked": [_watch.shown(fn, w) for w in self._watched],
+            "checked": [_checks.shown(fn, w) for w in self._watched],
         }
-
-    def output(self, fn: Callable, value: Any) -> Any:
-        """An untraced output ``value`` of the trace, as ``fn``'s state holds it now."""
-        chain = self._outs.get(id(value))
-        if chain is None:
-            return value
-        return _capture.fetch(fn, chain)

@@ -4,14 +4,15 @@ A trace bakes in the Python numbers, strings and functions the step reads from i
 state (`watch` records them before the trace; `changed` tells when one moved, which
 means a new trace, as a new static argument does). A JAX value the step stores in its
 state during the trace (`leaked`) is an error: the assignment would happen once.
-The walk from the step function to its state is `jaxdist._state.capture`'s.
+The walk from the step function to its state is `jaxdist._state.capture`'s; the words
+for what the checks found are `jaxdist._state.checks`'s, and when two functions are
+the same step `jaxdist._state.keys`'s.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
-import threading
 import types
 import warnings
 import weakref
@@ -22,9 +23,11 @@ import jax
 import numpy as np
 
 from jaxdist._state import capture as _capture
+from jaxdist._state import chains as _chains
 from jaxdist._state import names as _names
 from jaxdist._state import peek as _peek
-from jaxdist._state.capture import Chain
+from jaxdist._state.chains import Chain, describe
+from jaxdist._state.keys import function_key
 
 
 def leaked(fn: Callable) -> str | None:
@@ -34,28 +37,6 @@ def leaked(fn: Callable) -> str | None:
         if _peek.is_a(child, jax.core.Tracer):
             return describe(fn, chain)
     return None
-
-
-def describe(fn: Callable, chain: Chain) -> str:
-    """``chain`` as Python source would read it (``self.model.params['w']``)."""
-    out, obj = "", fn
-    for kind, key in chain:
-        if kind == "self":
-            out = "self"
-        elif kind == "cell":
-            out = obj.__code__.co_freevars[key]
-        elif kind == "global":
-            out = key
-        elif kind in ("default", "kwdefault", "parg", "pkw"):
-            out = f"{'default' if 'default' in kind else 'partial'} argument {key!r}"
-        elif kind in ("attr", "getattr", "fattr"):
-            out = (out or getattr(obj, "__name__", "fn")) + f".{key}"
-        elif kind == "item":
-            out += f"[{key!r}]"
-        elif kind == "child":
-            out += f".{key[2]}" if key[2] else f"[{key[1]}]"
-        obj = _capture.fetch(obj, ((kind, key),)) if kind != "view" else obj
-    return out
 
 
 def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
@@ -94,7 +75,7 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
         elif type(value) in _EXACT or _peek.is_a(value, np.generic):
             out.append((chain, value, "value"))
         elif _peek.is_a(value, (list, dict, functools.partial, tuple, collections.deque)):
-            out.append((chain, _size(value), "size"))  # an entry more: ``for w in self.ws``
+            out.append((chain, size(value), "size"))  # an entry more: ``for w in self.ws``
         elif _peek.is_a(value, _PARTS):
             continue  # arrays are inputs; tuples, methods: their parts
         elif _tree_def(value) is not None:  # a pytree node (an nnx.Param): its structure
@@ -138,7 +119,7 @@ def _warn_opaque(fn: Callable, chains: list) -> None:
     if not chains:
         return
     where = ", ".join(
-        f"{describe(fn, c)} ({type(_capture.fetch(fn, c)).__name__})" for c in chains[:3]
+        f"{describe(fn, c)} ({type(_chains.fetch(fn, c)).__name__})" for c in chains[:3]
     )
     warnings.warn(
         f"The step {getattr(fn, '__qualname__', fn)!r} reaches {where}: jaxdist cannot look "
@@ -186,8 +167,8 @@ def _by_name(fn: Callable, watched: tuple[Chain, Any, str], named: set[str]) -> 
     if how != "value" or n == len(chain) or not _capture.is_named(chain[:n], named):
         return False
     try:
-        owners = [_capture.fetch(fn, chain[:i]) for i in range(n, len(chain))]
-    except _capture.Gone:
+        owners = [_chains.fetch(fn, chain[:i]) for i in range(n, len(chain))]
+    except _chains.Gone:
         return False
     return all(_names.users_class(type(o)) for o in owners)
 
@@ -239,51 +220,6 @@ _MAX_WATCHED = 4096  # about 2 ms a call to check (`Checker`), past it a warning
 _ORDER = {"value": 0, "size": 1, "ident": 2, "weak": 2, "code": 2, "tree": 3, "type": 3}
 
 
-def function_key(fn: Callable, strict: bool = False, depth: int = 0) -> tuple:
-    """What makes two Python functions the same step: their code, their globals and
-    what they capture (closure cells, defaults), functions among them compared the same
-    way, other objects by identity; arrays and Python scalars by type only unless
-    ``strict`` (they are state, read afresh). A function defined inside each call of a
-    method (orbit's ``def train_fn(state, inputs)``) is then the same step every call.
-
-    >>> def make(k):
-    ...     def inner(x):
-    ...         return x * k
-    ...     return lambda x: inner(x) + 1
-    >>> function_key(make(2.0)) == function_key(make(3.0))
-    True
-    >>> function_key(make(2.0), strict=True) == function_key(make(3.0), strict=True)
-    False
-    """
-    fn = getattr(fn, "__func__", fn)
-    cells = []
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            cells.append(cell.cell_contents)
-        except ValueError:  # an empty cell
-            continue
-    held = cells + list(getattr(fn, "__defaults__", None) or ())
-    code = getattr(fn, "__code__", None)
-    globs = getattr(fn, "__globals__", None)
-    return (code, id(globs), tuple(_captured_key(v, strict, depth) for v in held))
-
-
-def _captured_key(value: Any, strict: bool, depth: int) -> Any:
-    if not strict and _peek.is_a(value, _FRESH):
-        return type(value)
-    if depth >= _MAX_DEPTH:
-        return id(value)
-    if type(value) is types.FunctionType:
-        return function_key(value, strict, depth + 1)
-    if type(value) is types.MethodType:  # ``t.step`` is a new object at every access
-        return (function_key(value.__func__, strict, depth + 1), id(value.__self__))
-    return id(value)
-
-
-_FRESH = (jax.Array, np.ndarray, np.generic, int, float, complex, bool, str, type(None))
-_MAX_DEPTH = 8  # functions inside functions compared by code; deeper ones by identity
-
-
 def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
     """Whether a value recorded by `watch` is no longer the same."""
     return Checker(watched).changed(fn)
@@ -291,25 +227,26 @@ def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
 
 class Checker:
     """`changed` for one recorded set, checked on every call: the chains read as a tree
-    (`jaxdist._state.capture.Fetcher`), so that each object on the way is read once (a Keras
+    (`jaxdist._state.chains.Fetcher`), so that each object on the way is read once (a Keras
     model's step watches a thousand values under a few dozen objects)."""
 
     def __init__(self, watched: tuple[tuple[Chain, Any, str], ...]) -> None:
-        self._fetcher = _capture.Fetcher([chain for chain, _, _ in watched])
+        self._fetcher = _chains.Fetcher([chain for chain, _, _ in watched])
         self._recorded = [(value, how) for _, value, how in watched]
 
     def changed(self, fn: Callable) -> bool:
         try:
             now = self._fetcher.values(fn)
-        except _capture.Gone:
+        except _chains.Gone:
             return True
         for n, (value, how) in zip(now, self._recorded):
-            if n is not value and _differs(n, value, how):
+            if n is not value and differs(n, value, how):
                 return True
         return False
 
 
-def _differs(now: Any, value: Any, how: str) -> bool:
+def differs(now: Any, value: Any, how: str) -> bool:
+    """Whether ``now`` is no longer what `watch` recorded as ``value`` (compared ``how``)."""
     if how == "type":
         return type(now) is not value
     if how == "tree":
@@ -317,78 +254,12 @@ def _differs(now: Any, value: Any, how: str) -> bool:
     if how == "code":
         return type(now) is not types.FunctionType or function_key(now) != value
     if how == "size":
-        return _size(now) != value
+        return size(now) != value
     if now is value:
         return False
     if how == "weak":  # a dead reference: the object it was is gone, so changed
         return value() is not now
     return how == "ident" or type(now) is not type(value) or not _equal(now, value)
-
-
-def what_changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> str:
-    """The first value recorded by `watch` that moved, as Python names it, and how.
-
-    >>> box = {"mode": "a"}
-    >>> step = lambda x: box["mode"]
-    >>> seen = watch(step)
-    >>> box["mode"] = "b"
-    >>> what_changed(step, seen)
-    "box['mode'] changed ('a' -> 'b')"
-    """
-    for chain, value, how in watched:
-        try:
-            now = _capture.fetch(fn, chain)
-        except _capture.Gone:
-            return f"{describe(fn, chain[:-1]) or 'a value it read'} no longer holds what it read"
-        if now is value or not _differs(now, value, how):
-            continue
-        where = describe(fn, chain)
-        if how == "value":
-            return f"{where} changed ({value!r} -> {now!r})"
-        if how == "size":
-            return f"{where} changed size ({value} -> {_size(now)})"
-        if how == "type":
-            return f"{where} is now a {type(now).__name__}, not a {value.__name__}"
-        return f"{where} is another object"
-    return "a value it read changed"
-
-
-def shown(fn: Callable, watched: tuple[Chain, Any, str]) -> str:
-    """One value recorded by `watch`, as the check it stands for.
-
-    >>> box = {"mode": "a"}
-    >>> step = lambda x: box["mode"]
-    >>> [shown(step, w) for w in watch(step)]
-    ["box['mode'] == 'a'", 'len(box) == 1']
-    """
-    chain, value, how = watched
-    where = describe(fn, chain) or "the step's function"
-    if how == "size":
-        return f"len({where}) == {value}"
-    if how == "type":
-        return f"type({where}) is {value.__qualname__}"
-    if how in ("ident", "weak"):
-        held = value() if how == "weak" else value
-        return f"{where} is {getattr(held, '__qualname__', type(held).__qualname__)}"
-    if how == "code":
-        name = getattr(value[0], "co_qualname", getattr(value[0], "co_name", "?"))
-        return f"{where} is code {name} over the same captures"
-    if how == "tree":
-        return f"{where} has the structure it had"
-    return f"{where} == {value!r}"
-
-
-_DECLINED = threading.local()
-
-
-def note_decline(reason: str) -> None:
-    """Records why this thread's last cached trace did not fit (for the retrace warning)."""
-    _DECLINED.reason = reason
-
-
-def last_decline() -> str:
-    """Why this thread's last cached trace did not fit its step's state ("" if none)."""
-    return getattr(_DECLINED, "reason", "")
 
 
 def moved_numbers(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> list[Chain]:
@@ -399,8 +270,8 @@ def moved_numbers(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> 
         if how != "value" or type(value) not in (int, float):
             continue
         try:
-            now = _capture.fetch(fn, chain)
-        except _capture.Gone:
+            now = _chains.fetch(fn, chain)
+        except _chains.Gone:
             continue
         if type(now) in (int, float) and not _equal(now, value):
             out.append(chain)
@@ -416,15 +287,15 @@ def settle(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> tuple:
     for chain, value, how in watched:
         if how == "size":
             try:
-                if _size(_capture.fetch(fn, chain)) != value:
+                if size(_chains.fetch(fn, chain)) != value:
                     continue
-            except _capture.Gone:
+            except _chains.Gone:
                 continue
         out.append((chain, value, how))
     return tuple(out)
 
 
-def _size(x: Any) -> Any:
+def size(x: Any) -> Any:
     """How many entries a list, tuple, deque or dict has (a partial: its arguments),
     None otherwise."""
     if _peek.is_a(x, functools.partial):

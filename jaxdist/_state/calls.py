@@ -1,0 +1,230 @@
+"""Each call of a staged step: its state read now, and what it wrote stored back.
+
+`jaxdist._state.stage.Staged` traces a step once; this is the half of it that runs on
+every call, which `Staged` derives from (`Calls`): the captured arrays and numbers read
+afresh and checked against the trace (`inputs`: a watched value that moved, an array of
+another shape or dtype, or a value gone means the trace does not fit, and `reason` says
+why), the numbers the step writes that the host computes stored at the read
+(`jaxdist._state.hostnum`; `unread` puts them back when the call does not run), what the
+step wrote stored back after it (`write_back`, and `overwritten` for the arrays a
+``jd.function`` may donate), and an untraced output read where the state holds it now
+(`output`). Apart from the trace because nothing here traces: it reads the record the
+trace left (the attributes declared below, set by `Staged.__init__`).
+
+>>> import jax.numpy as jnp, numpy as np
+>>> is_concrete_array(jnp.zeros(2)), is_concrete_array(np.zeros(2)), is_concrete_array(2.0)
+(True, True, False)
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxdist._layout import is_tracer
+from jaxdist._state import assign as _assign
+from jaxdist._state import chains as _chains
+from jaxdist._state import checks as _checks
+from jaxdist._state import hostnum as _hostnum
+from jaxdist._state import placed as _placed
+from jaxdist._state import promote as _promote
+from jaxdist._state import watch as _watch
+from jaxdist._state.keys import captured_ids
+from jaxdist._validate import describe
+
+
+def is_concrete_array(x: Any) -> bool:
+    """A JAX or NumPy array that is not a tracer (a value of the state now)."""
+    return isinstance(x, (jax.Array, np.ndarray)) and not is_tracer(x)
+
+
+class Calls:
+    """The per-call half of `jaxdist._state.stage.Staged`, over the record its trace left."""
+
+    # the record of the trace (set by `jaxdist._state.stage.Staged`)
+    _numbers: tuple  # the chains of the Python numbers that are inputs
+    _swaps: list  # ``(chain, shape, dtype)`` of the arrays read inside nested jaxprs
+    _lifted: list  # ``(const index, chain, shape, dtype)`` of the captured arrays
+    _written: list  # the numbers the step wrote (`jaxdist._state.promote.Swapped`)
+    _assigned: list  # ``(chain, treedef, leaves)`` of what it assigned (``writes``)
+    _jaxpr: Any
+    _types: list  # the numbers' types
+    _promote: bool
+    _watched: tuple
+    _checker: _watch.Checker
+    _fetcher: _chains.Fetcher
+    _array_checks: list  # ``(chain, shape, dtype)`` of the arrays read
+    _aliases: list  # ``(k, chain)``: another name of the k-th captured array
+    _outs: dict  # ``id`` of an untraced output -> its chain
+    _strict: bool
+    _captured: tuple
+    _fresh: bool
+    _nothing: bool
+
+    def overwritten(self) -> list[int]:
+        """The indices, among the inputs after the step's arguments, of the arrays read
+        from places the function assigns (``self.params`` of ``self.params = new``)."""
+        places = [chain for chain, _, _ in self._assigned]
+        chains = [*self._numbers, *(c for c, *_ in self._swaps), *(c for _, c, *_ in self._lifted)]
+        return [
+            i
+            for i, chain in enumerate(chains)
+            if i >= len(self._numbers) and any(chain[: len(p)] == p for p in places)
+        ]
+
+    def write_back(self, fn: Callable, outs: list) -> None:
+        """Stores what the step wrote in its state: (``writes``) the values it assigned,
+        and the numbers it wrote that were computed on the device (the last outputs);
+        those computed on the host (`jaxdist._state.hostnum`) were stored by `inputs`, and
+        nothing waits for the device for them."""
+        end = len(outs) - len(self._written)
+        pending = [j for j in range(len(self._written)) if j not in self._plan.host]
+        if pending:
+            tail = outs[end:]
+            written = [self._written[j] for j in pending]
+            _promote.write_back(fn, self._numbers, written, [tail[j] for j in pending])
+        n = sum(sum(1 for x in leaves if x is None) for _, _, leaves in self._assigned)
+        it = iter(outs[end - n : end])
+        for chain, treedef, leaves in self._assigned:
+            value = treedef.unflatten([next(it) if x is None else x for x in leaves])
+            _assign.replace(fn, chain, value)
+
+    @functools.cached_property
+    def _plan(self) -> _hostnum.HostPlan:
+        first = len(self._jaxpr.invars) - len(self._numbers)
+        return _hostnum.plan(self._jaxpr, first, range(len(self._written)))
+
+    def inputs(self, fn: Callable, place: Callable[[Any], Any] | None = None) -> list | None:
+        """The captured arrays now, or None when ``fn``'s state no longer fits this trace
+        (a watched number changed, an array changed shape or dtype, or moved); `reason`
+        then says which check failed, naming the value.
+
+        ``place`` puts a JAX array where the program reads it; the placed copy is kept
+        while the state holds the same array (JAX arrays are immutable), so unchanged
+        state is not copied again on every call. NumPy arrays are placed every call
+        (they can change in place). The numbers the step writes that the host computes
+        (`jaxdist._state.hostnum`) are stored here, in the same critical section as the read
+        of the numbers they are computed from (two threads counting lose no count).
+        """
+        fresh, self._fresh = self._fresh, False  # the call that traced it ran the step
+        with _promote.LOCK:
+            out, self.reason = self._current(fn, fresh)
+            if out is None:
+                _checks.note_decline(self.reason)
+                return None
+            p = len(self._numbers)
+            if place is not None:
+                out[p:] = [self._place(k, v, place) for k, v in enumerate(out[p:])]
+        return out
+
+    def _current(self, fn: Callable, fresh: bool) -> tuple[list | None, str]:
+        """The values read now, or None and why they do not fit this trace."""
+        if captured_ids(fn, self._strict) != self._captured:
+            return None, "it captures other objects (a closure cell or default argument)"
+        if self._watched and not fresh and self._checker.changed(fn):
+            if self._promote:
+                _promote.remember(fn, _watch.moved_numbers(fn, self._watched))
+            return None, _checks.what_changed(fn, self._watched)
+        if self._nothing:
+            return [], ""
+        try:
+            out = self._fetcher.values(fn)
+        except _chains.Gone as e:
+            return None, f"a value it read is no longer there ({e})"
+        p = len(self._numbers)
+        for n, kind, chain in zip(out, self._types, self._numbers):
+            if type(n) is not kind:
+                where = _chains.describe(fn, chain)
+                return None, f"{where} is now a {type(n).__name__}, not a {kind.__name__}"
+        for v, (chain, shape, dtype) in zip(out[p:], self._array_checks):
+            if not is_concrete_array(v) or v.shape != shape or v.dtype != dtype:
+                now = f"{v.dtype}{list(v.shape)}" if is_concrete_array(v) else type(v).__name__
+                return None, (
+                    f"{_chains.describe(fn, chain)} is now {now}, not {dtype}{list(shape)}"
+                )
+        if self._aliases and not self._same_aliases(fn, out[p + len(self._swaps) :]):
+            return None, "two names that held one array when it was traced now hold two"
+        for chain in self._outs.values():
+            try:
+                _chains.fetch(fn, chain)
+            except _chains.Gone:
+                return None, f"{_chains.describe(fn, chain)}, which it returns, is gone"
+        if self._numbers:
+            wide = self._store_numbers(fn, out)
+            if wide:
+                return None, wide
+        return out, ""
+
+    def _store_numbers(self, fn: Callable, out: list) -> str:
+        """Stores the written numbers the host computes (Python's arithmetic, from the
+        numbers in ``out``); numbers only the host reads go to the device as zeros. An
+        integer the device computes with that is past int32 (where it would wrap) makes
+        the step's integers part of its trace instead, with a warning: why, or ""."""
+        values, wide = self._plan.run(out[: len(self._numbers)])
+        if wide:
+            return self._too_wide(fn, out)
+        stored = [self._numbers[self._written[j][0]] for j in self._plan.host]
+        self._unread = [(c, out[self._numbers.index(c)]) for c in stored]
+        for chain, value in zip(stored, values):
+            _promote.put(fn, chain, value)
+        for i in range(len(self._numbers)):
+            if i not in self._plan.device:
+                out[i] = type(out[i])(0)
+        return ""
+
+    _unread: list = []
+
+    def unread(self, fn: Callable) -> None:
+        """Puts back the numbers the last `inputs` stored (its call did not run: the
+        caller takes another program), so that a counter counts that call once."""
+        with _promote.LOCK:
+            for chain, value in self._unread:
+                _promote.put(fn, chain, value)
+            self._unread = []
+
+    def _too_wide(self, fn: Callable, out: list) -> str:
+        if self._wide:  # warned once: this trace is not used again
+            return self._wide
+        ints = [i for i in sorted(self._plan.device) if type(out[i]) is int]
+        chains = [self._numbers[i] for i in ints]
+        _promote.make_static(fn, chains)
+        what = ", ".join(f"{_chains.describe(fn, c)} = {out[i]}" for i, c in zip(ints, chains))
+        warnings.warn(
+            f"The step {describe(fn)} computes on the device with an integer past int32 "
+            f"(JAX without x64), from {what}: the device would wrap it, so these are part "
+            "of the trace from now on (each new value traces again; JAX refuses a Python "
+            "int past int32 in an array operation). Pass it to strategy.run as an argument "
+            "if it changes on every call, or compute with it in Python.",
+            RuntimeWarning,
+            stacklevel=6,
+        )
+        self._wide = f"{what} computes past int32 on the device"
+        return self._wide
+
+    _wide = ""
+
+    def _same_aliases(self, fn: Callable, values: list) -> bool:
+        for k, chain in self._aliases:
+            try:
+                if not _chains.same_array(_chains.fetch(fn, chain), values[k]):
+                    return False
+            except _chains.Gone:
+                return False
+        return True
+
+    def _place(self, k: int, v: Any, place: Callable[[Any], Any]) -> Any:
+        if not isinstance(v, jax.Array):
+            return place(v)
+        return _placed.placed(v, place)
+
+    def output(self, fn: Callable, value: Any) -> Any:
+        """An untraced output ``value`` of the trace, as ``fn``'s state holds it now."""
+        chain = self._outs.get(id(value))
+        if chain is None:
+            return value
+        return _chains.fetch(fn, chain)

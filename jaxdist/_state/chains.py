@@ -1,0 +1,219 @@
+"""A chain from a step function to a value of its state, and reading it again.
+
+`jaxdist._state.capture` finds, once per trace, where a step read each array of its
+state: a chain of steps (``(kind, key)``: a closure cell, a global, an attribute, an
+item, a pytree child, a view...) from the step function to the value. This module
+reads a chain again, on every call: `fetch` one chain, `Fetcher` many as a tree (each
+object on the way read once); `describe` names it as Python source reads it
+(``self.model.params['w']``), for the messages that point at a place. It holds what a
+chain step means (`_STEPS`, the one place that follows each kind), the NumPy views a
+step takes of its state's arrays (where one lies in its array, `view_spec`; the same
+view of the array there now), and the pytree children a ``child`` step reads
+(`pytree_children`). It is apart from the
+walk that finds the chains (`jaxdist._state.capture`) because everything that reads
+state afresh (`jaxdist._state.watch`, `jaxdist._state.promote`, `jaxdist._state.assign`,
+`jaxdist._state.stage`) needs the reading only.
+
+>>> box = {"lr": 0.1}
+>>> step = lambda x: x * box["lr"]
+>>> chain = (("global", "box"), ("item", "lr"))
+>>> fetch(step, chain)
+0.1
+>>> box["lr"] = 0.2
+>>> Fetcher([chain, chain[:1]]).values(step)
+[0.2, {'lr': 0.2}]
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxdist._state import peek as _peek
+
+Chain = tuple  # ((kind, key), ...) from the step function to a value
+
+Gone = _peek.Gone  # the value a chain led to is no longer there
+
+
+def pytree_children(obj: Any) -> tuple[list, Any] | None:
+    """The children of a registered pytree node (None for a leaf)."""
+    if _peek.is_a(obj, Iterator):  # generators and iterators are leaves (JAX warns on them)
+        return None
+    kids, treedef = jax.tree_util.tree_flatten(obj, is_leaf=lambda x: x is not obj)
+    if len(kids) == 1 and kids[0] is obj:
+        return None
+    return kids, treedef
+
+
+def same_array(a: Any, b: Any) -> bool:
+    """``a`` is ``b``, or both are NumPy arrays over the same memory, laid out alike."""
+    return a is b or _same(a, b)
+
+
+def _same(child: Any, target: Any) -> bool:
+    if child is target:
+        return True
+    return (  # a NumPy view of all of ``child``, as it is laid out
+        _peek.is_a(child, np.ndarray)
+        and _peek.is_a(target, np.ndarray)
+        and child.shape == target.shape
+        and child.dtype == target.dtype
+        and child.strides == target.strides
+        and child.__array_interface__["data"][0] == target.__array_interface__["data"][0]
+    )
+
+
+def owner(x: np.ndarray) -> Any:
+    while isinstance(x.base, np.ndarray):  # (NumPy arrays only: no user code)
+        x = x.base
+    return x.base if x.base is not None else x
+
+
+def inside(view: Any, base: Any) -> bool:
+    """Whether NumPy array ``view`` lies in the memory of NumPy array ``base``."""
+    if not (_peek.is_a(view, np.ndarray) and _peek.is_a(base, np.ndarray)):
+        return False
+    low, high = _bounds(view)
+    base_low, base_high = _bounds(base)
+    return base_low <= low and high <= base_high and base.flags.c_contiguous
+
+
+def _bounds(x: np.ndarray) -> tuple[int, int]:
+    start = x.__array_interface__["data"][0]
+    extents = [(n - 1) * s for n, s in zip(x.shape, x.strides)]
+    low = start + sum(min(0, e) for e in extents)
+    return low, start + sum(max(0, e) for e in extents) + x.itemsize
+
+
+def view_spec(base: np.ndarray, view: np.ndarray) -> tuple:
+    """Where ``view`` (``table[0]``, ``table.T`` taken in the step) lies in ``base``."""
+    offset = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    layout = (base.shape, base.strides, base.dtype.str)
+    return (offset, view.shape, view.strides, view.dtype.str, layout)
+
+
+def _view(base: Any, spec: tuple) -> np.ndarray:
+    """The same view of the array now at ``base``'s place (its new values too)."""
+    offset, shape, strides, dtype, layout = spec
+    if not _peek.is_a(base, np.ndarray) or (base.shape, base.strides, base.dtype.str) != layout:
+        raise Gone("the array a view was taken of changed layout")
+    return np.ndarray(shape, np.dtype(dtype), buffer=base, offset=offset, strides=strides)
+
+
+def fetch(fn: Callable, chain: Chain) -> Any:
+    """The value at the end of ``chain`` now (raises `Gone` if it is not there)."""
+    obj = fn
+    try:
+        for kind, key in chain:
+            obj = _STEPS[kind](obj, key)
+    except Gone:
+        raise
+    except Exception as e:
+        raise Gone(str(e)) from None
+    return obj
+
+
+def describe(fn: Callable, chain: Chain) -> str:
+    """``chain`` as Python source would read it (``self.model.params['w']``)."""
+    out, obj = "", fn
+    for kind, key in chain:
+        if kind == "self":
+            out = "self"
+        elif kind == "cell":
+            out = obj.__code__.co_freevars[key]
+        elif kind == "global":
+            out = key
+        elif kind in ("default", "kwdefault", "parg", "pkw"):
+            out = f"{'default' if 'default' in kind else 'partial'} argument {key!r}"
+        elif kind in ("attr", "getattr", "fattr"):
+            out = (out or getattr(obj, "__name__", "fn")) + f".{key}"
+        elif kind == "item":
+            out += f"[{key!r}]"
+        elif kind == "child":
+            out += f".{key[2]}" if key[2] else f"[{key[1]}]"
+        obj = fetch(obj, ((kind, key),)) if kind != "view" else obj
+    return out
+
+
+class Fetcher:
+    """`fetch` of many chains at once, as a tree: each object on the way is read once
+    (10,000 parameters under ``self.params`` are 10,000 item reads, not 30,000 links)."""
+
+    def __init__(self, chains: list) -> None:
+        self._root: dict = {}
+        self._n = len(chains)
+        for i, chain in enumerate(chains):
+            node = self._root
+            for link in chain:
+                node = node.setdefault(link, {})
+            node.setdefault(None, []).append(i)
+
+    def values(self, fn: Callable) -> list:
+        """The value at the end of each chain now (raises `Gone` if one is not there)."""
+        out: list = [None] * self._n
+        _collect(fn, self._root, out)
+        return out
+
+
+def _collect(obj: Any, node: dict, out: list) -> None:
+    for link, sub in node.items():
+        if link is None:
+            for i in sub:
+                out[i] = obj
+        elif len(sub) == 1 and None in sub:  # a chain's last link: no call deeper
+            value = _step(obj, link)
+            for i in sub[None]:
+                out[i] = value
+        else:
+            _collect(_step(obj, link), sub, out)
+
+
+def _step(obj: Any, link: tuple) -> Any:
+    """One link of a chain from ``obj`` (raises `Gone` if it is not there)."""
+    try:
+        return _STEPS[link[0]](obj, link[1])
+    except Gone:
+        raise
+    except Exception as e:
+        raise Gone(str(e)) from None
+
+
+def _gone() -> Any:
+    raise Gone("the value changed type")
+
+
+def _child(obj: Any, key: tuple) -> Any:
+    node = pytree_children(obj)
+    if node is None or node[1] != key[0]:
+        raise Gone("pytree structure changed")
+    return node[0][key[1]]
+
+
+_STEPS: dict[str, Callable[[Any, Any], Any]] = {
+    "self": lambda o, k: o.__self__,
+    "local": lambda o, k: o.__jaxdist_local__(),
+    "func": lambda o, k: o.__func__,
+    "pfunc": lambda o, k: o.func,
+    "parg": lambda o, k: o.args[k],
+    "pkw": lambda o, k: o.keywords[k],
+    "cell": lambda o, k: o.__closure__[k].cell_contents,
+    "global": lambda o, k: o.__globals__[k],
+    "item": _peek.item,
+    "attr": lambda o, k: (_peek.instance_dict(o) or {})[k],
+    "getattr": lambda o, k: _peek.safe_getattr(o, k),
+    "import": lambda o, k: sys.modules[k],
+    "fattr": lambda o, k: o.__dict__[k],
+    "deref": lambda o, k: o() if type(o) is weakref.ref else _gone(),
+    "flat": lambda o, k: o.ravel()[k] if _peek.is_a(o, np.ndarray) else _gone(),
+    "stacked": lambda o, k: _child(o, k),
+    "default": lambda o, k: o.__defaults__[k],
+    "kwdefault": lambda o, k: o.__kwdefaults__[k],
+    "child": _child,
+    "view": _view,
+}
