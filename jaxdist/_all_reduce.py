@@ -25,7 +25,8 @@ from jaxdist._devices import AXIS, Replicas
 from jaxdist._layout import is_tracer, shard_rows, stacked_devices
 from jaxdist._reduce_op import ReduceOp, finish
 from jaxdist._validate import check_int
-from jaxdist._values import DistributedValues, Mirrored, from_stacked, num_components, stack
+from jaxdist._value_layout import num_components, stack
+from jaxdist._values import DistributedValues, Mirrored, from_stacked
 
 
 def split_packs(sizes: list[int], num_packs: int, bytes_per_pack: int, itemsize: int) -> list:

@@ -5,54 +5,34 @@ derives from `StrategyV1`. Each method does the real jaxdist equivalent of what
 TF does; the ones TF deprecates warn (`deprecated`) with a `DeprecationWarning`
 that names the modern replacement. The logical-device annotations of TPU model
 parallelism are here too (their checks in `jaxdist._logical_devices`).
+
+The TF1 methods that take or make input (``experimental_run``,
+``make_dataset_iterator``, ``experimental_distribute_datasets_from_function``,
+``experimental_make_numpy_dataset``) live in the input wing, in
+`jaxdist._input.tf1`, as `StrategyV1`'s base class `InputMethodsV1` (with
+`deprecated`); this module keeps the renamed TF2 methods, TF1's session
+configuration and cluster, and the logical-device annotations.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import functools
-import warnings
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import jax
 
-from jaxdist import _context, _logical_devices
+from jaxdist import _logical_devices
 from jaxdist._all_reduce import NcclAllReduce
 from jaxdist._cluster.config import cluster_resolver_for
 from jaxdist._cluster.join import is_single_worker, join_cluster
 from jaxdist._devices import Replicas
 from jaxdist._extended import StrategyExtended
-from jaxdist._input.datasets import DistributedDataset, InputContext
-from jaxdist._input.iterators import DatasetIterator
-from jaxdist._input.numpy_dataset import NumpyDataset
-from jaxdist._options import InputOptions
-from jaxdist._strategy import Strategy
-
-F = TypeVar("F", bound=Callable[..., Any])
+from jaxdist._input.tf1 import InputMethodsV1, deprecated
 
 
-def deprecated(replacement: str) -> Callable[[F], F]:
-    """Marks a TF1-era method: calling it warns, pointing at the caller, naming ``replacement``."""
-
-    def decorate(method: F) -> F:
-        @functools.wraps(method)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            warnings.warn(
-                f"Strategy.{method.__name__} is deprecated (a TF 1.x API kept for porting); "
-                f"use {replacement} instead.",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            return method(*args, **kwargs)
-
-        return wrapper  # type: ignore[return-value]
-
-    return decorate
-
-
-class StrategyV1(Strategy):
+class StrategyV1(InputMethodsV1):
     """`Strategy` plus the TF1-era methods of the seed's `MirroredStrategy` listing.
 
     As TF layers ``StrategyV1`` over ``Strategy``, jaxdist's strategies derive
@@ -69,75 +49,6 @@ class StrategyV1(Strategy):
     >>> isinstance(s, jd.StrategyV1) and isinstance(s, jd.Strategy)
     True
     """
-
-    @deprecated("run(fn, args=(next(iterator),))")
-    def experimental_run(self, fn: Callable, input_iterator: Any = None) -> Any:
-        """Runs ``fn`` on every replica with the next element of ``input_iterator``.
-
-        Deprecated (TF 1.x): use ``strategy.run(fn, args=(next(iterator),))``.
-
-        Takes one element from ``input_iterator`` (``get_next()`` where the
-        iterator has it, as TF1 iterators do, else ``next()``) and passes it as
-        the only argument of ``fn``; with no iterator ``fn`` takes no argument.
-        Returns what `run` returns: ``fn``'s structure with `PerReplica`
-        leaves (plain values for one replica).
-
-        >>> import warnings, jax.numpy as jnp, jaxdist as jd
-        >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
-        >>> it = iter([s.experimental_distribute_values_from_function(
-        ...     lambda ctx: jnp.full(2, ctx.replica_id_in_sync_group))])
-        >>> with warnings.catch_warnings():
-        ...     warnings.simplefilter("ignore", DeprecationWarning)
-        ...     out = s.experimental_run(lambda x: x * 2, it)
-        >>> [x.tolist() for x in s.experimental_local_results(out)]
-        [[0, 0], [2, 2]]
-
-        Args:
-            fn: the step function; it takes the iterator's element, or nothing.
-            input_iterator: an iterator of (distributed) elements, e.g.
-                ``iter(strategy.experimental_distribute_dataset(batches))``, or None.
-
-        Raises:
-            TypeError: when ``input_iterator`` is not an iterator (pass ``iter(dataset)``).
-            StopIteration: when ``input_iterator`` is exhausted.
-        """
-        if input_iterator is None:
-            return self.run(fn)
-        get_next = getattr(input_iterator, "get_next", None)
-        if not callable(get_next):
-            if not hasattr(input_iterator, "__next__"):
-                raise TypeError(
-                    "input_iterator must be an iterator (with __next__ or get_next), e.g. "
-                    "iter(strategy.experimental_distribute_dataset(dataset)); got "
-                    f"{type(input_iterator).__name__}."
-                )
-            get_next = input_iterator.__next__
-        with self.scope():
-            element = get_next()
-        return self.run(fn, args=(element,))
-
-    def make_dataset_iterator(self, dataset: Any) -> DatasetIterator:
-        """(TF 1.x) An iterator over ``experimental_distribute_dataset(dataset)``.
-
-        ``dataset`` yields global batches, split over the replicas as
-        `experimental_distribute_dataset` splits them. The iterator has TF1's
-        ``get_next()``, ``initialize()`` / ``initializer`` (eagerly: start again
-        from the beginning) and is what `experimental_run` consumes. TF 2.21 has
-        the method on its TF2 strategies too, without a warning.
-
-        >>> import warnings, numpy as np, jaxdist as jd
-        >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
-        >>> it = s.make_dataset_iterator([np.arange(4.0)])
-        >>> with warnings.catch_warnings():
-        ...     warnings.simplefilter("ignore", DeprecationWarning)
-        ...     out = s.experimental_run(lambda x: x * 2, it)
-        >>> [x.tolist() for x in s.experimental_local_results(out)]
-        [[0.0, 2.0], [4.0, 6.0]]
-
-        Raises:
-            TypeError: ``dataset`` is not iterable (see `experimental_distribute_dataset`).
-        """
-        return DatasetIterator(self.experimental_distribute_dataset(dataset))
 
     @deprecated("run")
     def experimental_run_v2(
@@ -361,48 +272,6 @@ class StrategyV1(Strategy):
     def cluster_resolver(self) -> Any:
         """The cluster resolver: set by `configure` with a cluster spec (else None)."""
         return getattr(self, "_cluster_resolver", None)
-
-    @deprecated("distribute_datasets_from_function")
-    def experimental_distribute_datasets_from_function(
-        self, dataset_fn: Callable[[InputContext], Any], options: InputOptions | None = None
-    ) -> DistributedDataset:
-        """Deprecated name of `distribute_datasets_from_function` (warns).
-
-        >>> import warnings, numpy as np, jaxdist as jd
-        >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
-        >>> with warnings.catch_warnings():
-        ...     warnings.simplefilter("ignore", DeprecationWarning)
-        ...     dist = s.experimental_distribute_datasets_from_function(
-        ...         lambda ctx: [np.arange(2)])
-        >>> len(list(dist))
-        1
-        """
-        return self.distribute_datasets_from_function(dataset_fn, options)
-
-    @deprecated("experimental_distribute_dataset (pass a list or any iterable of batches)")
-    def experimental_make_numpy_dataset(
-        self, numpy_input: Any, session: Any = None
-    ) -> NumpyDataset:
-        """A `NumpyDataset` of the rows of ``numpy_input`` (deprecated, as in TF 1.x; warns).
-
-        Batch it with ``.batch(global_batch_size)`` and pass it to
-        `experimental_distribute_dataset`.
-
-        >>> import warnings, numpy as np, jaxdist as jd
-        >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
-        >>> with warnings.catch_warnings():
-        ...     warnings.simplefilter("ignore", DeprecationWarning)
-        ...     ds = s.experimental_make_numpy_dataset(np.arange(6.0)).batch(4)
-        >>> [[x.tolist() for x in s.experimental_local_results(b)]
-        ...  for b in s.experimental_distribute_dataset(ds)]
-        [[[0.0, 1.0], [2.0, 3.0]], [[4.0], [5.0]]]
-
-        Args:
-            numpy_input: an array, or a dict/tuple/list nest of arrays with the same rows.
-            session: ignored (TF 1.x sessions do not exist in JAX).
-        """
-        _context.require_cross_replica(self, "experimental_make_numpy_dataset")
-        return NumpyDataset(numpy_input)
 
     def experimental_assign_to_logical_device(self, tensor: Any, logical_device_id: int) -> Any:
         """Annotates ``tensor`` to be computed on logical device ``logical_device_id``.

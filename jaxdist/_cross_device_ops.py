@@ -33,17 +33,8 @@ from jaxdist._layout import all_on_cpu, as_array, broadcast_rows, is_tracer, sta
 from jaxdist._options import CommunicationOptions, check_communication_options
 from jaxdist._reduce_op import ReduceOp, finish, parse_reduce_op
 from jaxdist._validate import check_callable, describe
-from jaxdist._values import (
-    DistributedValues,
-    Mirrored,
-    component_devices,
-    from_parts,
-    from_stacked,
-    is_distributed,
-    num_components,
-    stack,
-    stacked,
-)
+from jaxdist._value_layout import component_devices, num_components, stack, stacked
+from jaxdist._values import DistributedValues, Mirrored, from_parts, from_stacked, is_distributed
 
 # -- TF's rules --------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from jaxdist._options import RunOptions
 from jaxdist._replica_context import ReplicaContext, default_replica_context
 from jaxdist._strategy import Strategy
 from jaxdist._validate import check_callable, check_fn_args, check_optional
-from jaxdist._values import ValueContext
+from jaxdist._value_trees import ValueContext
 
 
 class _DefaultStrategy(StrategyV1):

@@ -29,13 +29,9 @@ from jaxdist._devices import Replicas
 from jaxdist._layout import as_array, is_tracer, stacked_devices
 from jaxdist._reduce_op import ReduceOp, parse_reduce_op
 from jaxdist._replica_context import call_in_merge
-from jaxdist._values import (
-    DistributedValues,
-    check_components,
-    component_devices,
-    is_distributed,
-    is_traced,
-)
+from jaxdist._value_layout import component_devices, is_traced
+from jaxdist._value_trees import check_components
+from jaxdist._values import DistributedValues, is_distributed
 
 LOCAL, DEFAULT, MULTI_WORKER = "local", "default", "multi_worker"
 

@@ -21,7 +21,7 @@ from jaxdist._devices import (
 )
 from jaxdist._extended import StrategyExtended
 from jaxdist._validate import check_callable
-from jaxdist._values import ValueContext
+from jaxdist._value_trees import ValueContext
 
 
 class MirroredStrategy(StrategyV1):

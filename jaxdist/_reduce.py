@@ -27,15 +27,8 @@ from jaxdist._cross_device_ops import (
 from jaxdist._devices import AXIS, Replicas
 from jaxdist._layout import all_on_cpu, as_array, host_view, is_tracer, shard_rows
 from jaxdist._reduce_op import ReduceOp, finish
-from jaxdist._values import (
-    DistributedValues,
-    from_parts,
-    from_stacked,
-    is_distributed,
-    is_traced,
-    padded,
-    stack,
-)
+from jaxdist._value_layout import is_traced, padded, stack
+from jaxdist._values import DistributedValues, from_parts, from_stacked, is_distributed
 
 MULTI_WORKER_RAGGED = (
     "Per-replica values of different shapes (a partial batch) cannot be combined across "

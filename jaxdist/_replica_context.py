@@ -33,7 +33,8 @@ from jaxdist._layout import as_array, is_tracer
 from jaxdist._options import check_communication_options
 from jaxdist._reduce_op import ReduceOp, finish, parse_reduce_op
 from jaxdist._validate import check_fn_args, check_instance
-from jaxdist._values import from_stacked, is_distributed, stack
+from jaxdist._value_layout import stack
+from jaxdist._values import from_stacked, is_distributed
 
 
 class Collectives(NamedTuple):

@@ -48,9 +48,11 @@ from jaxdist._state import promote as _promote
 from jaxdist._state.frozen import warn_frozen
 from jaxdist._state.stage import Staged, example
 from jaxdist._validate import describe, hashable_arg, is_number
-from jaxdist._values import check_components, from_stacked, is_distributed, parts
-from jaxdist._values import stack as stack_value
-from jaxdist._values import stacked as stacked_array
+from jaxdist._value_layout import parts
+from jaxdist._value_layout import stack as stack_value
+from jaxdist._value_layout import stacked as stacked_array
+from jaxdist._value_trees import check_components
+from jaxdist._values import from_stacked, is_distributed
 
 MAPPED, BROADCAST, STATIC = "m", "b", "s"
 

@@ -20,13 +20,8 @@ from jaxdist._layout import as_array, is_array
 from jaxdist._options import InputOptions, RunOptions
 from jaxdist._reduce_op import ReduceOp, parse_reduce_op
 from jaxdist._validate import check_axis, check_callable, check_fn_args, check_optional, is_number
-from jaxdist._values import (
-    ValueContext,
-    check_components,
-    combine_parts,
-    is_distributed,
-    regroup,
-)
+from jaxdist._value_trees import ValueContext, check_components, combine_parts, regroup
+from jaxdist._values import is_distributed
 
 
 class Strategy:

@@ -16,8 +16,12 @@ A distributed value holds one value per replica in one of these layouts:
 
 The layout is pytree metadata, so every `jax.tree` idiom, `jax.eval_shape` and
 checkpointing libraries see the stacked array (or the parts) as the leaves.
-This module is the only one that reads the layout: others use the functions
-below (`stacked`, `parts`, `from_stacked`, `regroup`, `select`, ...).
+This module and `jaxdist._value_layout` are the only ones that read the layout:
+others use the constructors below (`from_stacked`, `from_parts`, ...) and the
+layout's functions there (`stacked`, `parts`, `stack`, ...). Structures of
+distributed values (`regroup`, `select`, `check_components`, `combine_parts`) and
+`ValueContext` are in `jaxdist._value_trees`: the three stay under the house's
+length by concept (the classes; their fields; whole structures of them).
 
 ``AXIS`` names the replica axis inside compiled steps, for raw `jax.lax` collectives:
 
@@ -42,24 +46,16 @@ import numpy as np
 from jaxdist import _inflight
 from jaxdist._devices import AXIS, Replicas
 from jaxdist._layout import (
-    as_array,
-    check_stacked,
-    is_array,
-    is_tracer,
     only_lengths_differ,
-    pad_rows,
     shard_rows,
-    sorted_shards,
     stack_on_devices,
     stack_placed,
-    stacked_devices,
 )
+from jaxdist._value_layout import PADDED, PARTS, SHAPED, STACKED, make, padded_rows
 
 __all__ = ["AXIS"]
 
 # -- the classes --------------------------------------------------------------------
-
-_STACKED, _PADDED, _PARTS, _SHAPED = "stacked", "padded", "parts", "shaped"
 
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False, init=False)
@@ -93,7 +89,7 @@ class DistributedValues:
             raise ValueError(f"{type(self).__name__}(values) needs at least one value; got ().")
         _check_components(type(self).__name__, values)
         stacked = stack_placed(values)
-        object.__setattr__(self, "_layout", _PARTS if stacked is None else _STACKED)
+        object.__setattr__(self, "_layout", PARTS if stacked is None else STACKED)
         object.__setattr__(self, "_data", tuple(values) if stacked is None else stacked)
         object.__setattr__(self, "_lengths", None)
 
@@ -123,15 +119,15 @@ class DistributedValues:
                 f"{cls.__name__}.from_stacked(array) needs a leading replica axis (one row per "
                 f"replica, as many rows as the strategy has replicas); got a scalar of shape ()."
             )
-        return _make(cls, _STACKED, array)
+        return make(cls, STACKED, array)
 
     @property
     def values(self) -> tuple:
         """One value per (local) replica, in replica order."""
-        if self._layout == _PARTS:
+        if self._layout == PARTS:
             return self._data
-        if self._layout in (_PADDED, _SHAPED):
-            return _padded_rows(self._data, self._lengths or ())
+        if self._layout in (PADDED, SHAPED):
+            return padded_rows(self._data, self._lengths or ())
         return shard_rows(self._data)
 
     def __repr__(self) -> str:
@@ -301,25 +297,25 @@ for _name, _op in _COMPARE.items():
 
 
 def _flatten_with_keys(v: DistributedValues) -> tuple:
-    if v._layout != _PARTS:
+    if v._layout != PARTS:
         return ((jax.tree_util.GetAttrKey("stacked"), v._data),), (v._layout, v._lengths)
     keys = [jax.tree_util.SequenceKey(i) for i in range(len(v._data))]
-    return tuple(zip(keys, v._data)), (_PARTS, len(v._data))
+    return tuple(zip(keys, v._data)), (PARTS, len(v._data))
 
 
 def _flatten(v: DistributedValues) -> tuple:
-    if v._layout != _PARTS:
+    if v._layout != PARTS:
         return (v._data,), (v._layout, v._lengths)
-    return v._data, (_PARTS, len(v._data))
+    return v._data, (PARTS, len(v._data))
 
 
 def _unflatten_for(cls: type) -> Callable:
     def unflatten(aux: tuple, children: Any) -> DistributedValues:
         layout, extra = aux
-        if layout == _PARTS:
-            return _make(cls, layout, tuple(children))
+        if layout == PARTS:
+            return make(cls, layout, tuple(children))
         _inflight.note_output(children[0])  # bounds jitted functions that return us
-        return _make(cls, layout, children[0], extra)
+        return make(cls, layout, children[0], extra)
 
     return unflatten
 
@@ -333,39 +329,14 @@ for _cls in (DistributedValues, PerReplica, Mirrored):
 # -- the functions other modules use ---------------------------------------------------
 
 
-def _make(cls: type, layout: str, data: Any, lengths: tuple | None = None) -> Any:
-    self: Any = object.__new__(cls)
-    object.__setattr__(self, "_layout", layout)
-    object.__setattr__(self, "_data", data)
-    object.__setattr__(self, "_lengths", lengths)
-    return self
-
-
-def _padded_rows(data: Any, lengths: tuple) -> tuple:
-    """The true rows of a padded value: this process's rows, each cut to its length."""
-    rows = shard_rows(data)
-    if isinstance(data, jax.Array) and not is_tracer(data) and len(rows) != len(lengths):
-        starts = [s.index[0].start or 0 for s in sorted_shards(data)]
-        return tuple(_head(r, lengths[i]) for r, i in zip(rows, starts))
-    return tuple(_head(r, n) for r, n in zip(rows, lengths))
-
-
-def _head(row: Any, n: int | tuple) -> Any:
-    """The first ``n`` rows of ``row``, or its corner of shape ``n`` (a tuple)."""
-    shape = n if isinstance(n, tuple) else (n, *row.shape[1:])
-    if isinstance(row, jax.ShapeDtypeStruct):
-        return jax.ShapeDtypeStruct(shape, row.dtype)
-    return row[:n] if not isinstance(n, tuple) else row[tuple(slice(0, k) for k in n)]
-
-
 def from_stacked(x: Any, cls: type | None = None) -> Any:
     """A `PerReplica` (or ``cls``) over the stacked array ``x``."""
-    return _make(cls or PerReplica, _STACKED, x)
+    return make(cls or PerReplica, STACKED, x)
 
 
 def from_parts(parts: Sequence[Any], cls: type | None = None) -> Any:
     """A `PerReplica` (or ``cls``) over per-replica ``parts``."""
-    return _make(cls or PerReplica, _PARTS, tuple(parts))
+    return make(cls or PerReplica, PARTS, tuple(parts))
 
 
 def from_padded(x: Any, lengths: Sequence[int], cls: type | None = None) -> Any:
@@ -377,7 +348,7 @@ def from_padded(x: Any, lengths: Sequence[int], cls: type | None = None) -> Any:
     lengths = tuple(int(n) for n in lengths)
     if all(n == np.shape(x)[1] for n in lengths):
         return from_stacked(x, cls)
-    return _make(cls or PerReplica, _PADDED, x, lengths)
+    return make(cls or PerReplica, PADDED, x, lengths)
 
 
 def from_shaped(rows: Sequence[Any], replicas: Replicas) -> Any:
@@ -408,165 +379,8 @@ def from_shaped(rows: Sequence[Any], replicas: Replicas) -> Any:
         return from_stacked(data)
     if only_lengths_differ(rows):
         return from_padded(data, [s[0] for s in shapes])
-    return _make(PerReplica, _SHAPED, data, shapes)
-
-
-def padded(v: DistributedValues) -> tuple | None:
-    """``(stacked array, lengths)`` of a padded value, else None."""
-    return (v._data, v._lengths) if v._layout == _PADDED else None
+    return make(PerReplica, SHAPED, data, shapes)
 
 
 def is_distributed(x: Any) -> bool:
     return isinstance(x, DistributedValues)
-
-
-def stacked(v: DistributedValues) -> Any:
-    """The stacked array of ``v``, or None when it holds parts."""
-    return v._data if v._layout == _STACKED else None
-
-
-def parts(v: DistributedValues) -> tuple | None:
-    """The per-replica parts of ``v``, or None when it is stacked."""
-    return v._data if v._layout == _PARTS else None
-
-
-def check_components(value: Any, replicas: Replicas, what: str) -> None:
-    """One rule for every method: a distributed value has one component per replica.
-
-    (A multi-process value may hold this process's replicas only.) TF has no one
-    rule: its ``reduce`` sums whatever components there are, its ``gather`` and
-    ``run`` fail with an ``IndexError``.
-
-    Raises:
-        ValueError: a distributed leaf of ``value`` has another number of components.
-    """
-    for i, leaf in enumerate(jax.tree.leaves(value, is_leaf=is_distributed)):
-        if not is_distributed(leaf):
-            continue
-        n = num_components(leaf)
-        if n != replicas.num and not (replicas.multi_process and n == len(replicas.local)):
-            where = "" if is_distributed(value) else f" (leaf {i})"
-            raise ValueError(
-                f"{what}: the {type(leaf).__name__}{where} has {n} components, but the strategy "
-                f"has {replicas.num} replicas. A distributed value belongs to a strategy with "
-                "as many replicas as it has components (values made by another strategy, or "
-                "by hand with the wrong count, are not accepted)."
-            )
-
-
-def num_components(v: DistributedValues) -> int:
-    if v._layout == _PARTS:
-        return len(v._data)
-    check_stacked(v._data)
-    shape = getattr(v._data, "shape", None)
-    return int(shape[0]) if shape is not None else int(np.shape(v._data)[0])
-
-
-def is_traced(v: DistributedValues) -> bool:
-    """Whether ``v`` holds tracers (inside `jax.jit`, a `lax` loop or `Strategy.run`)."""
-    leaves = v._data if v._layout == _PARTS else (v._data,)
-    return any(is_tracer(x) for x in leaves)
-
-
-def component_devices(v: DistributedValues) -> tuple:
-    """The devices of ``v``'s components in replica order (None for a non-array part)."""
-    if v._layout != _PARTS and isinstance(v._data, jax.Array) and not is_tracer(v._data):
-        return stacked_devices(v._data)
-    devices: list = []
-    for part in v.values:
-        concrete = isinstance(part, jax.Array) and not is_tracer(part)
-        devices.extend(part.devices() if concrete else [None])
-    return tuple(devices)
-
-
-def stack(v: DistributedValues, replicas: Replicas | None = None) -> Any:
-    """``v``'s stacked layout (built from parts when their shapes agree), else None.
-
-    Parts are stacked onto ``replicas`` (default: their own devices); traced
-    parts are stacked with `jnp.stack`.
-    """
-    if v._layout != _PARTS:
-        return v._data if v._layout == _STACKED else None
-    data = v._data
-    if len({np.shape(p) for p in data}) != 1:
-        return None
-    if not all(is_array(p) or np.isscalar(p) for p in data):
-        return None
-    if any(is_tracer(p) for p in data):
-        return jnp.stack([jnp.asarray(p) for p in data])
-    if replicas is None:
-        devices = component_devices(v)
-        if None in devices or len(set(devices)) != len(devices):
-            return None
-        replicas = Replicas(devices, tuple(range(len(devices))))
-    cached = v.__dict__.get("_stack_cache")  # the value is immutable: stack it once
-    if cached is None or cached[0] != replicas.devices:
-        cached = (replicas.devices, stack_on_devices(data, replicas))
-        object.__setattr__(v, "_stack_cache", cached)
-    return cached[1]
-
-
-def combine_parts(parts: Sequence[Any], replicas: Replicas | None) -> Any:
-    """One leaf's per-replica values as one `PerReplica`, in the best layout.
-
-    Same shapes: stacked; shapes that differ only in axis 0 (a partial batch):
-    padded with the lengths; anything else: parts. ``replicas`` None means traced
-    values (jax.numpy), else each value goes to its replica's device.
-    """
-    rows = [as_array(p) for p in parts]
-    same = len({(r.shape, r.dtype) for r in rows}) == 1
-    if replicas is None or any(is_tracer(r) for r in rows):
-        if same:
-            return from_stacked(jnp.stack(rows))
-        if only_lengths_differ(rows):
-            return from_padded(pad_rows(rows), [r.shape[0] for r in rows])
-        return from_parts(rows)
-    if same:
-        return from_stacked(stack_on_devices(rows, replicas))
-    if only_lengths_differ(rows):
-        size = max(r.shape[0] for r in rows)
-        pads = [[(0, size - r.shape[0])] + [(0, 0)] * (r.ndim - 1) for r in rows]
-        with_pads = [jnp.pad(r, pad) for r, pad in zip(rows, pads)]
-        return from_padded(stack_on_devices(with_pads, replicas), [r.shape[0] for r in rows])
-    return from_shaped(rows, replicas)
-
-
-def select(value: Any, index: int) -> Any:
-    """Replica ``index``'s view of a structure holding distributed values."""
-    return jax.tree.map(
-        lambda x: x.values[index] if is_distributed(x) else x, value, is_leaf=is_distributed
-    )
-
-
-def regroup(outs: Sequence[Any], what: str, make_leaf: Callable[[list], Any]) -> Any:
-    """Per-replica results of one structure as one structure of distributed leaves.
-
-    ``make_leaf`` turns the list of one leaf's per-replica values into a value.
-
-    Raises:
-        ValueError: when the replicas' structures differ.
-    """
-    flat = [jax.tree.flatten(o) for o in outs]
-    treedef: Any = flat[0][1]
-    for i, (_, t) in enumerate(flat):
-        if t != treedef:
-            raise ValueError(
-                f"{what} must return the same structure for every replica; replica 0 "
-                f"returned {treedef} and replica {i} returned {t}."
-            )
-    leaves = [make_leaf([f[0][k] for f in flat]) for k in range(treedef.num_leaves)]
-    return jax.tree.unflatten(treedef, leaves)
-
-
-@dataclasses.dataclass(frozen=True)
-class ValueContext:
-    """What a ``value_fn`` of `experimental_distribute_values_from_function` sees.
-
-    >>> import jaxdist as jd
-    >>> c = jd.experimental.ValueContext(replica_id_in_sync_group=2, num_replicas_in_sync=4)
-    >>> (c.replica_id_in_sync_group, c.num_replicas_in_sync)
-    (2, 4)
-    """
-
-    replica_id_in_sync_group: int = 0
-    num_replicas_in_sync: int = 1

@@ -18,7 +18,7 @@ from jaxdist._multi_worker import MultiWorkerMirroredStrategy as MultiWorkerMirr
 from jaxdist._options import CommunicationImplementation as CommunicationImplementation
 from jaxdist._options import CommunicationOptions as CommunicationOptions
 from jaxdist._state.explain import explain as explain
-from jaxdist._values import ValueContext as ValueContext
+from jaxdist._value_trees import ValueContext as ValueContext
 
 __all__ = [
     "CommunicationImplementation",

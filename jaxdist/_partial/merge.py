@@ -30,7 +30,8 @@ from jax.interpreters import ad, batching
 from jaxdist import _context, _jax_internals
 from jaxdist._layout import as_array
 from jaxdist._partial import lockstep as _lockstep
-from jaxdist._values import from_parts, from_stacked, select
+from jaxdist._value_trees import select
+from jaxdist._values import from_parts, from_stacked
 
 # -- merge_call as a primitive -----------------------------------------------------------------
 

@@ -28,14 +28,9 @@ from jaxdist._partial import replay as _replay
 from jaxdist._reduce import all_rows
 from jaxdist._state.stage import Staged
 from jaxdist._validate import hashable_arg, is_number
-from jaxdist._values import (
-    combine_parts,
-    from_parts,
-    is_distributed,
-    padded,
-    parts,
-    stacked,
-)
+from jaxdist._value_layout import padded, parts, stacked
+from jaxdist._value_trees import combine_parts
+from jaxdist._values import from_parts, is_distributed
 
 
 def split_inputs(args: tuple, kwargs: dict, n: int) -> tuple[list, Callable]:
