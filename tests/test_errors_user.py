@@ -7,6 +7,7 @@ import inspect
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from conftest import mirrored
 
@@ -116,3 +117,17 @@ def test_the_fix_it_names_works(n):
     strategy = mirrored(n)
     out = strategy.run(lambda x: jnp.where(x > 0, x, -x), args=(ids_plus_one(strategy),))
     assert float(strategy.reduce("SUM", out, axis=None)) == n * (n + 1) / 2
+
+
+@pytest.mark.parametrize("n", (2, 8))
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_python_if_on_a_traced_value_of_a_partial_batch_names_the_step_line(n, jit):
+    """The same error on a partial batch (ragged over the replicas), eager and jitted."""
+    strategy = mirrored(n)
+    batch = next(iter(strategy.experimental_distribute_dataset([np.ones(n + 1, np.float32)])))
+    call = lambda v: strategy.run(lambda x: branchy_step(jnp.sum(x)), args=(v,))  # noqa: E731
+    with pytest.raises(TypeError) as info:
+        (jax.jit(call) if jit else call)(batch)
+    message = str(info.value)
+    assert f"{__file__}:{line_of(branchy_step, 'if x > 0')}" in message, message
+    assert "jnp.where" in message and "lax.cond" in message

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdist import _compile, _jax_internals
+from jaxdist import _compile, _jax_internals, _user_errors
 from jaxdist._devices import AXIS, Replicas
 from jaxdist._layout import as_array, is_array, is_tracer
 from jaxdist._partial import replay as _replay
@@ -118,7 +118,7 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
     if traced:
         args, kwargs = _constrain((args, kwargs), replicas, into=True)
         inputs, rows = split_inputs(args, kwargs, replicas.num)
-        outs, invariant = _replay.trace(strategy, cdo, fn, inputs, devices, rows)
+        outs, invariant = _user_traced(strategy, cdo, fn, inputs, devices, rows)
         out = regroup(outs, invariant, None)
         return _constrain(out, replicas, into=False)
     return _run_compiled(strategy, replicas, cdo, fn, (args, kwargs), devices)
@@ -229,7 +229,7 @@ def _run_compiled(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, inp
                 leaves[i] = v
             args, kwargs = jax.tree.unflatten(in_tree, leaves)
             inputs, rows = split_inputs(args, kwargs, n)
-            outs, invariant = _replay.trace(strategy, cdo, get_fn(), inputs, devices, rows)
+            outs, invariant = _user_traced(strategy, cdo, get_fn(), inputs, devices, rows)
             out_leaves, info["treedef"] = jax.tree.flatten(regroup(outs, invariant, None))
             info["consts"] = [None if is_tracer(x) else (x,) for x in out_leaves]
             return [x for x in out_leaves if is_tracer(x)]
@@ -311,3 +311,13 @@ def _host_view(x: Any, replicas: Replicas) -> Any:
 
 def _is_array_or_number(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray)) or is_number(x)
+
+
+def _user_traced(strategy: Any, cdo: Any, fn: Callable, *how: Any) -> tuple:
+    """`_replay.trace` of the user's step; a Python use of a traced value in it is the
+    error `jaxdist._user_errors` words (the step's file:line and the fix), as on full
+    batches."""
+    try:
+        return _replay.trace(strategy, cdo, fn, *how)
+    except _user_errors.CONCRETE_VALUE_ERRORS as e:
+        _user_errors.raise_for_step(fn, e)
