@@ -54,7 +54,7 @@ GUIDES = [
     DOCS / "no-equivalent.md",
 ]
 LAB_NOTES = re.compile(r"20[0-9]{2}-[0-9]{2}-[0-9]{2}|load [0-9]|issue [0-9]+", re.I)
-NOT_YET = {"guides/state.md"}  # owned elsewhere; cleaned on its own branch (the lead adds it)
+NOT_YET: set[str] = set()  # pages exempt while being rewritten (none now)
 
 
 def docs_files() -> set[str]:
