@@ -17,6 +17,12 @@ import jaxdist as jd
 _COMPILED: dict = {}
 
 
+# one helper jd.function runs every route's step: its retrace warning is true and not what these tests check
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:jd.function .* has been traced 8 times:UserWarning"),
+]
+
+
 def _key(fn):
     return (getattr(fn, "__func__", fn), id(getattr(fn, "__self__", None)))
 

@@ -17,6 +17,14 @@ from jax import lax
 
 import jaxdist as jd
 
+# steps close over constants they never change under jax.jit: the frozen-state warning is true and not what these tests check
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore:strategy.run\\(.*\\) is traced inside your own jax.jit:RuntimeWarning"
+    ),
+]
+
+
 ANSWERS = json.loads((pathlib.Path(__file__).parent / "tf_oracle" / "answers.json").read_text())
 
 

@@ -277,6 +277,10 @@ def test_fit_inside_the_scope_is_the_same(n):
         check_fit(model, hist, TF[f"dense.sgd.plain.r{n}"])
 
 
+# Keras' own notices on a generator (TF's `fit` gets the same: shuffle is ignored, and the
+# generator's end stops the epoch), not what this test checks
+@pytest.mark.filterwarnings("ignore:`shuffle=True` was passed:UserWarning")
+@pytest.mark.filterwarnings("ignore:Your input ran out of data:UserWarning")
 @pytest.mark.parametrize("n", SOME, ids=SOME_IDS)
 def test_python_generator_of_batches_matches_tf_data(n):
     def batches():

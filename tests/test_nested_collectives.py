@@ -18,6 +18,14 @@ from jax import lax
 
 import jaxdist as jd
 
+# jitted steps close over constants they never change: the frozen-state warning is true and not what these tests check
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore:strategy.run\\(.*\\) is traced inside your own jax.jit:RuntimeWarning"
+    ),
+]
+
+
 PARTIAL = [2, 4, 8]
 MODES = pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
 

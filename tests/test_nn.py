@@ -19,6 +19,16 @@ import pytest
 
 import jaxdist as jd
 
+# the TF vectors run through one step code with closed-over arguments under jax.jit: the retrace and frozen-state warnings are true and not what these tests check
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore:strategy.run\\(.*\\) is traced inside your own jax.jit:RuntimeWarning"
+    ),
+    pytest.mark.filterwarnings("ignore:strategy.run has compiled .* 8 times:UserWarning"),
+    pytest.mark.filterwarnings("ignore:The step .* reads NumPy arrays from its state:RuntimeWarning"),
+]
+
+
 ANSWERS = json.loads((pathlib.Path(__file__).parent / "tf_oracle" / "answers.json").read_text())
 TF_REPLICAS = (1, 2, 4)
 CROSS_ERROR = (

@@ -15,6 +15,14 @@ import numpy as np
 import pytest
 from conftest import mirrored, require
 
+# the sweep's jitted step closes over constants it never changes: the frozen-state warning is true and not what it checks
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore:strategy.run\\(.*\\) is traced inside your own jax.jit:RuntimeWarning"
+    ),
+]
+
+
 hypothesis = require("hypothesis")
 from hypothesis import example, given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402

@@ -82,10 +82,11 @@ def warn_frozen(fn: Callable, closed: Any) -> None:
     if _context.in_function():
         return
     found = [_chains.describe(fn, c) for c in chains if c is not None]
-    found += [  # Python numbers of the state: baked in as well
+    found += [  # Python numbers of the state held by a name (``self.lr``, ``box["lr"]``):
+        # baked in as well (not entries of a list or tuple: a log the step appends to)
         _chains.describe(fn, chain)
         for chain, value, how in _watch.watch(fn)
-        if how == "value" and type(value) in (int, float)
+        if how == "value" and type(value) in (int, float) and not _indexed(chain)
     ]
     if not found:
         return
@@ -101,3 +102,9 @@ def warn_frozen(fn: Callable, closed: Any) -> None:
         RuntimeWarning,
         stacklevel=4,
     )
+
+
+def _indexed(chain: Any) -> bool:
+    """Whether a chain ends at a position of a sequence (``traces[0]``, ``shape[1]``)."""
+    kind, key = chain[-1]
+    return kind in ("flat", "child", "stacked") or (kind == "item" and type(key) is int)
