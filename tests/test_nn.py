@@ -25,7 +25,9 @@ pytestmark = [
         "ignore:strategy.run\\(.*\\) is traced inside your own jax.jit:RuntimeWarning"
     ),
     pytest.mark.filterwarnings("ignore:strategy.run has compiled .* 8 times:UserWarning"),
-    pytest.mark.filterwarnings("ignore:The step .* reads NumPy arrays from its state:RuntimeWarning"),
+    pytest.mark.filterwarnings(
+        "ignore:The step .* reads NumPy arrays from its state:RuntimeWarning"
+    ),
 ]
 
 
