@@ -68,14 +68,19 @@ def get_max_steps_in_flight() -> int:
     return _limit[0]
 
 
-def throttle(marker: Any, what: str = "a jitted function") -> None:
+def throttle(marker: Any, what: str = "a jitted function", counted: bool = True) -> None:
     """Records a dispatched program by one of its outputs; waits for the oldest past the cap.
 
-    With a watchdog running (multi-worker), the program is also watched for progress.
+    With a watchdog running (multi-worker), the program is also watched for progress; a
+    ``counted`` one (jaxdist's own programs, which every worker dispatches in the same order)
+    gets the next number (see `counted`).
     """
     if _watch["on_stall"] is not None:
-        _count[0] += 1
-        _watched.append((marker, what, time.monotonic(), _count[0]))
+        number = None
+        if counted:
+            _count[0] += 1
+            number = _count[0]
+        _watched.append((marker, what, time.monotonic(), number))
     _pending.append(marker)  # deque operations are atomic under the GIL
     while len(_pending) > _limit[0]:
         try:
@@ -102,24 +107,40 @@ def note_output(x: Any) -> None:
     burst, _last[0] = now - _last[0] < BURST_S, now
     if burst or len(x.sharding.device_set) < 2 or x.is_ready():  # type: ignore[attr-defined]
         return
-    throttle(x)
+    throttle(x, counted=False)  # whether it is still running here is a race: not numbered
 
 
 # -- multi-worker: the bound, and a watchdog on collectives that make no progress --------------
 
-_watch: dict[str, Any] = {"on_stall": None, "timeout": None}
+_watch: dict[str, Any] = {"on_stall": None, "timeout": None, "ended": None}
 _watched: collections.deque = collections.deque()
 _count = [0]
 POLL_S = 0.25
+ORPHAN_S = 1.0
+"""How long a program waits before the watchdog asks whether a task that ended its program
+left it without a partner (that check reads the coordination service)."""
 MULTI_WORKER_DEFAULT = 1
 """The default cap across processes: with gloo, even two un-finished collective programs
 per device can wait for each other forever (measured: run + three reduces per step hung
 with 2+ devices per worker at a cap of 4, and finished at 1)."""
 
 
-def watch(timeout: float, on_stall: Callable[[str], None]) -> None:
+def counted() -> int:
+    """How many numbered collective programs this process dispatched (steps, reductions,
+    all-reduces and Keras steps across workers): every worker dispatches the same ones in
+    the same order, so program #n of one worker meets program #n of every other."""
+    return _count[0]
+
+
+def watch(
+    timeout: float,
+    on_stall: Callable[[str], None],
+    ended: Callable[[], dict[str, int]] | None = None,
+) -> None:
     """Starts watching collective programs (once per process): ``on_stall(message)`` is
-    called when the oldest un-finished one made no progress for ``timeout`` seconds.
+    called when the oldest un-finished one made no progress for ``timeout`` seconds, or, at
+    once, when ``ended()`` (``{task: its final `counted`}`` of the tasks that ended their
+    program) shows a task that ended before dispatching it: that program can never finish.
 
     Also lowers the default in-flight cap to `MULTI_WORKER_DEFAULT` (unless the
     environment variable sets it).
@@ -127,7 +148,7 @@ def watch(timeout: float, on_stall: Callable[[str], None]) -> None:
     if os.environ.get(_ENV) is None:
         _limit[0] = MULTI_WORKER_DEFAULT
     first = _watch["on_stall"] is None
-    _watch.update(on_stall=on_stall, timeout=float(timeout))
+    _watch.update(on_stall=on_stall, timeout=float(timeout), ended=ended)
     if first:
         thread = threading.Thread(target=_watchdog, name="jaxdist-collective-watchdog", daemon=True)
         thread.start()
@@ -153,14 +174,35 @@ def _watchdog() -> None:
             continue
         _, what, started, number = _watched[0]
         waited = time.monotonic() - started
+        name = f"collective program #{number}" if number else "a collective program"
         if waited > _watch["timeout"]:
             _watch["on_stall"](
-                f"collective program #{number} ({what}) made no progress for {waited:.0f}s "
+                f"{name} ({what}) made no progress for {waited:.0f}s "
                 f"(CommunicationOptions.timeout_seconds={_watch['timeout']:g}): every worker "
                 "must make the same strategy calls in the same order, and one of them did not "
                 "reach this one (it stopped calling, or waits elsewhere); aborting"
             )
             return
+        left = _orphaned(number) if number and waited > ORPHAN_S else None
+        if left:
+            _watch["on_stall"](
+                f"{left}, while this task waits in {name} ({what}), which it never ran: every "
+                "worker must make the same strategy calls in the same order (did the workers "
+                "run different numbers of steps?); aborting"
+            )
+            return
+
+
+def _orphaned(number: int) -> str | None:
+    """Names the tasks that ended their program before dispatching program ``number``."""
+    ended = _watch["ended"]() if _watch["ended"] is not None else {}
+    short = {task: n for task, n in ended.items() if n < number}
+    if not short:
+        return None
+    return ", ".join(
+        f"task {task} finished its program after {n} collective programs"
+        for task, n in sorted(short.items())
+    )
 
 
 def _ready(marker: Any) -> bool:

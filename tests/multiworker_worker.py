@@ -404,6 +404,40 @@ def skip_input(s, jd, timeout):
     return {"steps": len(list(s.experimental_distribute_dataset(generate)))}
 
 
+FAULTS = ("raise", "exit", "kill", "hang")
+
+
+def uneven_fault(s, jd, timeout):
+    """Worker 1's dataset has one batch less than worker 0's; on that step (worker 1's
+    replicas get no rows) the worker named by ``JAXDIST_TEST_FAULT=kind:task`` faults:
+    ``raise`` (a ValueError in its loop), ``exit`` (``sys.exit(3)``), ``kill`` (SIGKILL)
+    or ``hang`` (stops calling for three timeouts). Prints ``FAULT <time>`` first."""
+    import signal
+
+    import jax.numpy as jnp
+
+    kind, who = os.environ["JAXDIST_TEST_FAULT"].split(":")
+    me = s.cluster_resolver.task_id
+
+    def dataset_fn(ctx):
+        n = 8 if ctx.input_pipeline_id == 0 else 6  # 4 steps, 3 (2 replicas a worker)
+        return [np.ones(2, np.float32) * (i + 1) for i in range(n)]
+
+    total = 0.0
+    for i, x in enumerate(s.distribute_datasets_from_function(dataset_fn)):
+        if i == 3 and me == int(who):
+            print(f"FAULT {time.time()}", flush=True)
+            if kind == "raise":
+                raise ValueError(f"fault of worker {me} at step {i}")
+            if kind == "exit":
+                sys.exit(3)
+            if kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(3 * timeout)
+        total += float(s.reduce("SUM", s.run(jnp.sum, args=(x,)), axis=None))
+    return {"total": total}
+
+
 SWEEP_DRAWS = [  # (rows, batch, drop_remainder, jit) for 2 workers x 2 devices (4 replicas)
     (33, 32, False, True),  # last batch 1: 1, 0 | 0, 0 (the second worker has no row)
     (9, 8, False, False),
@@ -462,6 +496,7 @@ SCENARIOS = {
     "scale": scale,
     "input_raises": input_raises,
     "fewer_steps": fewer_steps,
+    "uneven_fault": uneven_fault,
 }
 
 

@@ -496,3 +496,63 @@ def test_fetch_to_device_false_keeps_each_workers_values_on_its_host():
     assert results[("worker", 0)]["run"] == [[0.0, 2.0], [4.0, 6.0]]
     assert results[("worker", 1)]["run"] == [[8.0, 10.0], [12.0, 14.0]]
     assert results[("worker", 0)]["sum"] == results[("worker", 1)]["sum"] == 56.0
+
+
+# -- a fault on the step where one worker has one batch less: every outcome within the bound --
+
+UNEVEN_FAULTS = [f"{kind}:{task}" for kind in ("raise", "exit", "kill", "hang") for task in (0, 1)]
+
+
+def _run_fault(fault: str) -> tuple[dict, dict]:
+    """Runs ``uneven_fault`` with ``fault``; returns ({task: (rc, stderr)}, {task: seconds from
+    the fault to the task's end})."""
+    cluster, tasks = _cluster({"worker": 2})
+    os.environ["JAXDIST_TEST_FAULT"] = fault
+    try:
+        procs = {t: _start(cluster, t, "uneven_fault", FAULT_TIMEOUT_S) for t in tasks}
+    finally:
+        del os.environ["JAXDIST_TEST_FAULT"]
+    ended: dict = {}
+    deadline = time.time() + DEADLINE_S
+    while len(ended) < len(procs) and time.time() < deadline:
+        ended.update(
+            {t: time.time() for t, p in procs.items() if t not in ended and p.poll() is not None}
+        )
+        time.sleep(0.02)
+    outs, at = {}, None
+    for t, p in procs.items():
+        if p.poll() is None:
+            p.kill()
+        stdout, stderr = p.communicate()
+        at = next((float(x.split()[1]) for x in stdout.splitlines() if x.startswith("FAULT ")), at)
+        outs[t] = (p.returncode, stderr)
+    assert at is not None, outs
+    return outs, {t: ended.get(t, float("inf")) - at for t in procs}
+
+
+@pytest.mark.parametrize("fault", UNEVEN_FAULTS)
+def test_a_fault_on_the_step_where_one_worker_has_a_batch_less_ends_every_worker_in_time(fault):
+    """Worker 1's dataset has one batch less; on that step one worker raises, exits, is killed
+    or stops calling. Every worker ends within timeout_seconds + 5 s of the fault, its last
+    line naming the cause (the one exception: a killed coordinator, whose peers jaxlib ends
+    at once with its own fatal message)."""
+    kind, who = fault.split(":")
+    outs, took = _run_fault(fault)
+    for task, (rc, stderr) in outs.items():
+        assert took[task] < FAULT_TIMEOUT_S + FAULT_MARGIN_S, (fault, took, stderr[-3000:])
+        assert rc != 0, (fault, task, stderr[-3000:])
+        if kind == "kill" and task[1] == int(who):
+            continue  # the killed task
+        last = _last_line(stderr)
+        if kind == "kill" and who == "0":
+            assert "JAX distributed service detected fatal errors" in stderr, stderr[-3000:]
+            continue
+        assert last.startswith("jaxdist: task"), (fault, task, stderr[-3000:])
+        expected = {
+            "raise": f"worker:{who} failed with ValueError: fault of worker {who} at step 3",
+            "exit": f"task worker:{who} finished its program after",
+            "kill": f"['worker:{who}'] stopped responding",
+            "hang": "made no progress",
+        }[kind]
+        assert expected in last, (fault, task, last)
+    print(f"{fault}: every worker ended {max(took.values()):.1f}s after the fault")

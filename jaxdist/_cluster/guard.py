@@ -11,14 +11,18 @@ whose own program failed):
   when one stopped sending heartbeats (``heartbeat_timeout = timeout_seconds``), names it
   (or, if it had announced the end of its program, says that it finished);
 * the abort protocol: the task that finds a fault writes the reason under `ABORT_KEY` in the
-  coordination service; every other task's monitor prints it and leaves; the coordinator
-  leaves last (a task whose coordinator is gone is aborted by jaxlib without a word);
+  coordination service; every other task's abort watch (its own thread: the liveness poll is a
+  barrier of the live tasks and can block for a heartbeat timeout) prints it and leaves; the
+  coordinator leaves last, after the others' acknowledgements (a task whose coordinator is
+  gone is aborted by jaxlib without a word);
 * an uncaught exception (sys.excepthook) ends every task, naming this one and its exception
   (a collective's runtime error waits for the reason another task reported first);
 * the collective watchdog of `jaxdist._inflight` reports a collective without progress
   through the function `start` returns.
 
-At interpreter exit the tasks announce the end of their program and meet at a barrier
+At interpreter exit the tasks announce the end of their program (with how many collective
+programs they dispatched, so a task waiting in a later one aborts at once: `finished_programs`)
+and meet at a barrier
 (recoverable tasks skip jax's own shutdown barrier), with the monitor still watching; then
 `jax.distributed.shutdown` runs, on the coordinator last (its service must outlive the other
 tasks' disconnects). A task that is still waiting at the barrier after ``timeout_seconds``
@@ -38,6 +42,7 @@ from typing import Any
 
 import jax
 
+from jaxdist import _inflight
 from jaxdist._jax_internals import coordination_client
 
 EXIT_CODE = 75
@@ -79,7 +84,14 @@ def _say(names: list, pid: int, message: str) -> None:
     sys.stderr.flush()
 
 
-def _abort_cluster(client: Any, names: list, pid: int, message: str, code: int = EXIT_CODE) -> None:
+def _abort_cluster(
+    client: Any,
+    names: list,
+    pid: int,
+    message: str,
+    code: int = EXIT_CODE,
+    gone: frozenset = frozenset(),
+) -> None:
     """This task found the cluster stuck (or failed): it tells every task (each prints the
     reason and exits 75), then exits with ``code``. The coordinator leaves last: a task
     whose coordinator is gone is aborted by jaxlib without a word."""
@@ -92,22 +104,26 @@ def _abort_cluster(client: Any, names: list, pid: int, message: str, code: int =
         )
     except Exception:  # noqa: BLE001 - another task reported first
         pass
-    _leave(client, names, pid, code)
+    _leave(client, names, pid, code, gone)
 
 
-def _leave(client: Any, names: list, pid: int, code: int = EXIT_CODE) -> None:
+def _leave(
+    client: Any, names: list, pid: int, code: int = EXIT_CODE, gone: frozenset = frozenset()
+) -> None:
+    """Acknowledges the report and exits; the coordinator first waits (up to `ACK_WAIT_S`)
+    for every other task's acknowledgement, but not for the tasks in ``gone`` (dead).
+
+    Only keys are read here: ``get_live_nodes`` is a barrier of the live tasks, which blocks
+    until a task that already left is declared dead (a heartbeat timeout later).
+    """
     try:
         client.key_value_set(f"{ABORT_KEY}/ack/{pid}", "1")
     except Exception:  # noqa: BLE001
         pass
     deadline = time.monotonic() + ACK_WAIT_S
-    others = [i for i in range(len(names)) if i != pid]
+    others = [i for i in range(len(names)) if i != pid and i not in gone]
     while pid == 0 and others and time.monotonic() < deadline:
-        try:
-            live = set(client.get_live_nodes(list(range(len(names)))))
-        except Exception:  # noqa: BLE001
-            break
-        others = [i for i in others if i in live and not _has_key(client, f"{ABORT_KEY}/ack/{i}")]
+        others = [i for i in others if not _has_key(client, f"{ABORT_KEY}/ack/{i}")]
         time.sleep(0.05)
     os._exit(code)
 
@@ -133,11 +149,18 @@ def _check_abort(client: Any, names: list, pid: int) -> None:
     _leave(client, names, pid)
 
 
+def _watch_aborts(client: Any, names: list, pid: int, stop: threading.Event) -> None:
+    """Ends this task soon after another one reported a fault. Its own thread: the liveness
+    poll (``get_live_nodes``) is a barrier of the live tasks and can block for a heartbeat
+    timeout when a task stopped polling."""
+    while not stop.wait(POLL_S / 5):
+        _check_abort(client, names, pid)
+
+
 def _monitor(client: Any, names: list, pid: int, timeout: float, stop: threading.Event) -> None:
     me = f"{names[pid]} (JAX process {pid})"
     ids = list(range(len(names)))
     while not stop.wait(POLL_S):
-        _check_abort(client, names, pid)
         try:
             live = set(client.get_live_nodes(ids))
         except Exception as e:  # noqa: BLE001 - any failure means the coordinator is gone
@@ -153,24 +176,24 @@ def _monitor(client: Any, names: list, pid: int, timeout: float, stop: threading
             return  # the other tasks' exit after the shutdown barrier, not a death
         if dead and not stop.is_set():
             _check_abort(client, names, pid)  # a fault another task reported comes first
-            left = [n for n in _finished(client, names) if n in dead]
-            if left:
-                ended = ", ".join(f"task {n} finished its program" for n in left)
-                _abort_cluster(
-                    client,
-                    names,
-                    pid,
-                    f"{ended} and left while this task still runs its program: a task that "
-                    "ended joins no further step (did the workers run different numbers of "
-                    "steps?); aborting",
-                )
-            _abort_cluster(
-                client,
-                names,
-                pid,
-                f"task(s) {dead} stopped responding (no heartbeat for {timeout:g}s, "
-                "CommunicationOptions.timeout_seconds): a worker died; aborting",
-            )
+            _report_dead(client, names, pid, timeout, frozenset(ids) - live)
+
+
+def _report_dead(client: Any, names: list, pid: int, timeout: float, gone: frozenset) -> None:
+    dead = [names[i] for i in sorted(gone)]
+    left = [n for n in _finished(client, names) if n in dead]
+    if left:
+        ended = ", ".join(f"task {n} finished its program" for n in left)
+        message = (
+            f"{ended} and left while this task still runs its program: a task that ended "
+            "joins no further step (did the workers run different numbers of steps?); aborting"
+        )
+    else:
+        message = (
+            f"task(s) {dead} stopped responding (no heartbeat for {timeout:g}s, "
+            "CommunicationOptions.timeout_seconds): a worker died; aborting"
+        )
+    _abort_cluster(client, names, pid, message, gone=gone)
 
 
 FINISHED_KEY = "jaxdist/finished"
@@ -181,12 +204,27 @@ def _finished(client: Any, names: list) -> list[str]:
     return [n for i, n in enumerate(names) if _has_key(client, f"{FINISHED_KEY}/{i}")]
 
 
+def finished_programs(client: Any, names: list) -> dict[str, int]:
+    """{task: the collective programs it dispatched} of the tasks that ended their program
+    (their count is final: `jaxdist._inflight.counted`)."""
+    try:
+        entries = client.key_value_dir_get(FINISHED_KEY)
+    except Exception:  # noqa: BLE001 - the coordinator is gone: the monitor says so
+        return {}
+    out = {}
+    for key, value in entries:
+        index = key.rstrip("/").rsplit("/", 1)[-1]
+        if index.isdigit() and int(index) < len(names) and value.isdigit():
+            out[names[int(index)]] = int(value)
+    return out
+
+
 def _shutdown(client: Any, names: list, pid: int, timeout: float, stop: threading.Event):
     """At exit: the tasks meet at a barrier; the liveness monitor keeps watching until every
     task is there (it ends this task if another one reports a fault meanwhile)."""
     _state["finishing"] = True
     try:
-        client.key_value_set(f"{FINISHED_KEY}/{pid}", "1")
+        client.key_value_set(f"{FINISHED_KEY}/{pid}", str(_inflight.counted()))
     except Exception:  # noqa: BLE001 - the coordinator is gone: the barrier says so
         pass
     try:
@@ -233,7 +271,7 @@ def _laggards(client: Any, names: list, pid: int, timeout: float, error: Excepti
 def _stalled(client: Any, names: list, pid: int, message: str) -> None:
     """The in-flight watchdog's report, naming the tasks that already ended their program."""
     done = [n for n in _finished(client, names) if n != names[pid]]
-    if done:
+    if done and "finished its program" not in message:
         ended = ", ".join(f"task {n} finished its program" for n in done)
         message = f"{ended} while {message}"
     _abort_cluster(client, names, pid, message)
@@ -290,18 +328,27 @@ def _install_excepthook(client: Any, names: list, pid: int, timeout: float) -> N
     sys.excepthook = hook
 
 
-def start(names: list[str], pid: int, timeout: float) -> Callable[[str], None]:
+def start(
+    names: list[str], pid: int, timeout: float
+) -> tuple[Callable[[str], None], Callable[[], dict[str, int]]]:
     """Guards this task: the liveness monitor, the ordered shutdown at exit and the hook on
-    uncaught exceptions. Returns the function that reports a stalled collective (for the
-    in-flight watchdog): it names the tasks that already ended, and ends every task."""
+    uncaught exceptions. Returns, for the in-flight watchdog, the function that reports a
+    stalled collective (it names the tasks that already ended, and ends every task) and the
+    one that reads the other tasks' final program counts (`finished_programs`)."""
     client = coordination_client()
     stop = threading.Event()
-    threading.Thread(
-        target=_monitor,
-        args=(client, names, pid, timeout, stop),
-        name="jaxdist-liveness",
-        daemon=True,
-    ).start()
+    for target, args in (
+        (_monitor, (client, names, pid, timeout, stop)),
+        (_watch_aborts, (client, names, pid, stop)),
+    ):
+        threading.Thread(
+            target=target, args=args, name=f"jaxdist-{target.__name__}", daemon=True
+        ).start()
     atexit.register(_shutdown, client, names, pid, timeout, stop)  # runs before jax's own
     _install_excepthook(client, names, pid, timeout)
-    return lambda message: _stalled(client, names, pid, message)
+    others = [n for i, n in enumerate(names) if i != pid]
+
+    def ended() -> dict[str, int]:
+        return {n: c for n, c in finished_programs(client, names).items() if n in others}
+
+    return (lambda message: _stalled(client, names, pid, message)), ended

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import socket
 import threading
+import time
 from typing import Any
 
 import jax
@@ -143,7 +144,7 @@ def join(resolver: Any, timeout_seconds: float | None) -> tuple[str, int, int]:
         return names[pid], n, pid
     timeout = float(timeout_seconds or DEFAULT_TIMEOUT_S)
     _initialize_guarded(coordinator, n, pid, names, addresses, timeout)
-    _state["abort"] = _cluster_guard.start(names, pid, timeout)
+    _state["abort"], _state["ended"] = _cluster_guard.start(names, pid, timeout)
     _state["joined"] = (names[pid], n, pid)
     _state["names"] = names
     _state["timeout"] = timeout
@@ -211,7 +212,7 @@ def join_cluster(
         return tuple(jax.local_devices()), True
     timeout = options.timeout_seconds if options is not None else None
     _, _, pid = join(resolver, timeout)
-    _inflight.watch(float(timeout or DEFAULT_TIMEOUT_S), _state["abort"])
+    _inflight.watch(float(timeout or DEFAULT_TIMEOUT_S), _state["abort"], _state["ended"])
     devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
     _check_same_device_counts(devices)
     return tuple(devices), pid == 0
@@ -262,17 +263,40 @@ def exchange(local: dict[int, int], purpose: str, rule: str = ORDER_RULE) -> dic
     return merged
 
 
+AWAIT_SLICE_S = 0.5
+
+
+def _await(client: Any, key: str, task: str, timeout: float) -> tuple[str | None, bool]:
+    """Waits for ``key`` up to ``timeout``; gives up early once ``task`` ended its program.
+    Returns (the value or None, whether ``task`` ended)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return client.blocking_key_value_get(
+                key, max(1, int(min(left, AWAIT_SLICE_S) * 1000))
+            ), False
+        except jax.errors.JaxRuntimeError:
+            pass
+        if task in _state["ended"]():
+            try:
+                return client.key_value_try_get(key), True  # posted just before it ended
+            except jax.errors.JaxRuntimeError:
+                return None, True
+        if left <= AWAIT_SLICE_S:
+            return None, False
+
+
 def _received(
     client: Any, seq: int, p: int, purpose: str, timeout: float, rule: str
 ) -> dict[int, int]:
     names = _state["names"]
-    try:
-        got = client.blocking_key_value_get(f"{EXCHANGE_KEY}/{seq}/{p}", int(timeout * 1000))
-    except jax.errors.JaxRuntimeError:
-        got = None
+    got, ended = _await(client, f"{EXCHANGE_KEY}/{seq}/{p}", names[p], timeout)
     theirs, _, text = (got or "").partition("|")
     if got is None or theirs != purpose:
         came = f"came for {theirs}" if got is not None else f"did not come within {timeout:g}s"
+        if ended:
+            came = "finished its program without coming (a task that ended joins no exchange)"
         message = (
             f"exchange #{seq} across workers (for {purpose}): task {names[p]} {came}; {rule}; "
             "aborting"
