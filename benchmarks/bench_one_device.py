@@ -8,11 +8,12 @@ alternates, each side blocking on its result 4 calls back), ratio = jaxdist time
 median of the rounds with their range. ``MirroredStrategy([jax.devices()[0]])``, one replica.
 
 Phases of the repeated eager call of the tiny step (``v * 2`` on 4 floats), each timed alone
-(median of 15 interleaved rounds of 5,000 calls; one process): `Strategy.run`'s argument checks; the plan
-lookup with `_run.run`'s tracing check and the tree flatten; the replayed plan's own checks and
-result (`_one_replica.Plan`); the re-read of the step's state (`Staged.inputs`, not the fast
-path's: it runs on every call by design); the program's dispatch (`jax.jit`'s C++ path, its
-static ``stacked`` tuple and ``out_shardings`` included) against raw `jax.jit` of the step.
+(median of 15 interleaved rounds of 5,000 calls; one process): `Strategy.run`'s test for the
+common call (no keyword arguments, no options, a tuple of arguments); the plan
+lookup with `_run.replay`'s tracing check and the tree flatten; the replayed plan's own checks
+and result (`_one_replica.Plan`); the re-read of the step's state (`Staged.inputs`: it runs on
+every call by design, and ends at once for a step that reads no state); the program's dispatch
+(`jax.jit`'s C++ path, ``out_shardings`` included) against raw `jax.jit` of the step.
 """
 
 # ruff: noqa: E402, I001
@@ -154,17 +155,18 @@ def phases(s):
     leaves, treedef = jax.tree_util.tree_flatten(args)
     stacked = (False,) + (None,) * staged.num_inputs
     assert plan(s, ext.cross_device_ops, step, leaves, treedef) is not ONE.MISS
+    plan_program = program.jitted(stacked)  # what the plan calls: one `jax.jit` per pattern
     t = _medians({
         "Strategy.run": lambda: s.run(step, args=(v,)),
-        "_run.run": lambda: RUN.run(s, ext.replicas, ext.cross_device_ops, step, args, {}),
+        "replay": lambda: RUN.replay(s, ext.cross_device_ops, step, args),
         "plan": lambda: plan(s, ext.cross_device_ops, step, leaves, treedef),
         "inputs": lambda: staged.inputs(step, place),
-        "program": lambda: program(stacked, v),
+        "program": lambda: plan_program(v),
         "raw": lambda: raw(v),
     })  # fmt: skip
     return [
-        ("Strategy.run's argument checks (check_fn_args, options, tuple/dict)", t["Strategy.run"] - t["_run.run"]),
-        ("_run.run: check_can_run, plan lookup, tracing check, tree flatten", t["_run.run"] - t["plan"]),
+        ("Strategy.run: the common call's test (no kwargs, no options, a tuple)", t["Strategy.run"] - t["replay"]),
+        ("_run.replay: plan lookup, tracing check, check_can_run, tree flatten", t["replay"] - t["plan"]),
         ("Plan: identity/structure/type checks, result (no dispatch, no state)", t["plan"] - t["inputs"] - t["program"]),
         ("Staged.inputs: re-read of the step's state (none here)", t["inputs"]),
         ("one-replica program's dispatch over raw jax.jit's", t["program"] - t["raw"]),

@@ -24,6 +24,7 @@ call takes the full path (which compiles a new program for the new signature).
 
 from __future__ import annotations
 
+import functools
 import types
 import weakref
 from collections.abc import Callable, Hashable, Sequence
@@ -87,31 +88,41 @@ class Program:
     def __init__(self, evaluate: Callable, device: jax.Device) -> None:
         self._device = jax.sharding.SingleDeviceSharding(device)
         self._avals: tuple | None = None
+        self._evaluate = evaluate
+        self._programs: dict[tuple, Callable] = {}  # `jax.jit` programs, by ``stacked``
 
-        def run(stacked: tuple, *args: Any) -> list:
-            avals = tuple(_row(jax.typeof(a), s) for a, s in zip(args, stacked))
-            if self._avals is None:
-                self._avals = avals
-            elif avals != self._avals:
-                raise Retrace
-            ids = jnp.zeros((1,), jnp.int32)
-            axes = (0, *(0 if s else None for s in stacked))
-            outs = vmapped(evaluate, axes)(ids, *args)
-            return [o[0] for o in outs]
+    def jitted(self, stacked: tuple) -> Callable:
+        """The `jax.jit` program for one ``stacked`` pattern, called with the arguments
+        alone (one per pattern: a static argument would be hashed on every call)."""
+        found = self._programs.get(stacked)
+        if found is None:
+            run = functools.partial(self._run, stacked)
+            found = self._programs[stacked] = jax.jit(run, out_shardings=self._device)
+        return found
 
-        self._jitted = jax.jit(run, static_argnums=0, out_shardings=self._device)
+    def _run(self, stacked: tuple, *args: Any) -> list:
+        avals = tuple(_row(jax.typeof(a), s) for a, s in zip(args, stacked))
+        if self._avals is None:
+            self._avals = avals
+        elif avals != self._avals:
+            raise Retrace
+        ids = jnp.zeros((1,), jnp.int32)
+        axes = (0, *(0 if s else None for s in stacked))
+        outs = vmapped(self._evaluate, axes)(ids, *args)
+        return [o[0] for o in outs]
 
     def __call__(self, stacked: tuple, *args: Any) -> list:
+        jitted = self.jitted(stacked)
         try:
-            return self._jitted(stacked, *args)
+            return jitted(*args)
         except ValueError:  # an argument committed to another device (pmap moved it)
             device = self._device
             moved = [jax.device_put(a, device) if isinstance(a, jax.Array) else a for a in args]
-            return self._jitted(stacked, *moved)
+            return jitted(*moved)
 
     def lower(self, stacked: tuple, *args: Any) -> Any:
         """The program lowered for these arguments (`jax.stages.Lowered`), to inspect."""
-        return self._jitted.lower(stacked, *args)
+        return self.jitted(stacked).lower(*args)  # type: ignore[attr-defined]
 
 
 MISS = object()
@@ -152,6 +163,7 @@ class Plan:
         self._dynamic_at = dynamic if static_at else None
         self._program, self._staged, self._place, self._wrap = how
         self._stacked = (False,) * len(dynamic) + (None,) * self._staged.num_inputs
+        self._jitted = self._program.jitted(self._stacked)
 
     def __call__(self, strategy: Any, cdo: Any, fn: Callable, leaves: list, treedef: Any) -> Any:
         """The step's result, or `MISS` when this call is not the one replayed."""
@@ -171,7 +183,10 @@ class Plan:
         if extra is None:  # the state the step was traced with changed
             return MISS
         try:
-            outs = self._program(self._stacked, *arrays, *extra)
+            try:
+                outs = self._jitted(*arrays, *extra)
+            except ValueError:  # an argument on another device: the program moves it
+                outs = self._program(self._stacked, *arrays, *extra)
         except Retrace:
             self._staged.unread(fn)  # the full path reads (and counts) them again
             return MISS

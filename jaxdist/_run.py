@@ -216,6 +216,20 @@ def _arguments(leaves: list, kinds: tuple, replicas: Replicas, one: bool) -> tup
     return arrays, tuple(statics), tuple(sigs), tuple(stacked)
 
 
+MISS = _one_replica.MISS
+
+
+def replay(strategy: Any, cdo: Any, fn: Callable, args: tuple) -> Any:
+    """A repeated one-replica call of ``fn`` with positional ``args`` replayed from the last
+    one (`jaxdist._one_replica.Plan`), or `MISS` (the caller takes `run`)."""
+    plan = _PLANS.get(fn)
+    if plan is None or _jax_internals.tracing() or _compile.is_fake_pmap():
+        return MISS
+    _context.check_can_run(strategy)
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    return plan(strategy, cdo, fn, leaves, treedef)
+
+
 def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, kwargs: dict):
     """Runs ``fn`` on every replica of ``strategy`` (see the module docstring)."""
     _context.check_can_run(strategy)

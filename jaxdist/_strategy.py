@@ -101,9 +101,13 @@ class Strategy:
             kwargs: keyword arguments.
             options: an optional `RunOptions`.
         """
+        ext = self._extended
+        if kwargs is None and options is None and type(args) is tuple:  # (the common call)
+            out = _run.replay(self, ext.cross_device_ops, fn, args)
+            if out is not _run.MISS:
+                return out
         check_fn_args(fn, args, kwargs)
         check_optional(options, RunOptions, "options", "a jaxdist.RunOptions")
-        ext = self._extended
         return _run.run(
             self, ext.replicas, ext.cross_device_ops, fn, tuple(args), dict(kwargs or {})
         )

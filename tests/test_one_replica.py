@@ -197,14 +197,19 @@ def test_an_eager_run_is_one_dispatch_whatever_the_leaf_count(
         ctx = jd.get_replica_context()
         return [x * 2 + ctx.all_reduce("SUM", x) for x in xs]
 
-    s.run(step, args=tuple(xs))  # compiles
     dispatched = []
     real = internal("_compile").dispatch
     spy = lambda *a, **k: dispatched.append(1) or real(*a, **k)  # noqa: E731
     monkeypatch.setattr("jaxdist._compile.dispatch", spy)
-    one = internal("_one_replica").Program.__call__  # one replica: no in-flight bound
-    spy_one = lambda *a, **k: dispatched.append(1) or one(*a, **k)  # noqa: E731
-    monkeypatch.setattr("jaxdist._one_replica.Program.__call__", spy_one)
+    jitted = internal("_one_replica").Program.jitted  # one replica: no in-flight bound
+
+    def spy_jitted(self, stacked):
+        program = jitted(self, stacked)
+        return lambda *a: dispatched.append(1) or program(*a)
+
+    monkeypatch.setattr("jaxdist._one_replica.Program.jitted", spy_jitted)
+    s.run(step, args=tuple(xs))  # compiles
+    dispatched.clear()
     before = eager_primitives()
     out = s.run(step, args=tuple(xs))
     assert eager_primitives() == before  # no per-leaf reshape, slice or stack

@@ -34,7 +34,7 @@ from jaxdist._state import hostnum as _hostnum
 from jaxdist._state import placed as _placed
 from jaxdist._state import promote as _promote
 from jaxdist._state import watch as _watch
-from jaxdist._state.keys import captured_ids
+from jaxdist._state.keys import captured_ids, captures_nothing
 from jaxdist._validate import describe
 
 
@@ -82,6 +82,8 @@ class Calls:
         and the numbers it wrote that were computed on the device (the last outputs);
         those computed on the host (`jaxdist._state.hostnum`) were stored by `inputs`, and
         nothing waits for the device for them."""
+        if not self._written and not self._assigned:
+            return
         end = len(outs) - len(self._written)
         pending = [j for j in range(len(self._written)) if j not in self._plan.host]
         if pending:
@@ -111,6 +113,8 @@ class Calls:
         (`jaxdist._state.hostnum`) are stored here, in the same critical section as the read
         of the numbers they are computed from (two threads counting lose no count).
         """
+        if self._nothing and not self._watched and not self._captured and captures_nothing(fn):
+            return []  # a step that reads no state: nothing to check (a replayed call's case)
         fresh, self._fresh = self._fresh, False  # the call that traced it ran the step
         with _promote.LOCK:
             out, self.reason = self._current(fn, fresh)
@@ -124,7 +128,9 @@ class Calls:
 
     def _current(self, fn: Callable, fresh: bool) -> tuple[list | None, str]:
         """The values read now, or None and why they do not fit this trace."""
-        if captured_ids(fn, self._strict) != self._captured:
+        if (self._captured or not captures_nothing(fn)) and captured_ids(
+            fn, self._strict
+        ) != self._captured:
             return None, "it captures other objects (a closure cell or default argument)"
         if self._watched and not fresh and self._checker.changed(fn):
             if self._promote:

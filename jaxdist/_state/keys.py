@@ -58,6 +58,18 @@ def function_key(fn: Callable, strict: bool = False, depth: int = 0) -> tuple:
     return (code, id(globs), tuple(_captured_key(v, strict, depth) for v in held))
 
 
+def captures_nothing(fn: Callable) -> bool:
+    """Whether ``fn`` has no closure cells and no defaults: its `captured_ids` is then
+    ``()`` without computing it (the check of a replayed call; a bound method's object is
+    not a capture, as in `function_key`).
+
+    >>> captures_nothing(lambda x: x), captures_nothing(lambda x, k=2: x * k)
+    (True, False)
+    """
+    f = fn.__func__ if type(fn) is types.MethodType else fn
+    return getattr(f, "__closure__", None) is None and not getattr(f, "__defaults__", None)
+
+
 def _captured_key(value: Any, strict: bool, depth: int) -> Any:
     if not strict and _peek.is_a(value, _FRESH):
         return type(value)
