@@ -503,13 +503,14 @@ def test_fetch_to_device_false_keeps_each_workers_values_on_its_host():
 UNEVEN_FAULTS = [f"{kind}:{task}" for kind in ("raise", "exit", "kill", "hang") for task in (0, 1)]
 
 
-def _run_fault(fault: str) -> tuple[dict, dict]:
-    """Runs ``uneven_fault`` with ``fault``; returns ({task: (rc, stderr)}, {task: seconds from
-    the fault to the task's end})."""
+def run_fault(fault: str, timeout: float = FAULT_TIMEOUT_S) -> tuple[dict, dict]:
+    """Runs ``uneven_fault`` with ``fault`` (one of `UNEVEN_FAULTS`); returns ({task: (rc,
+    stderr)}, {task: seconds from the fault to the task's end}). Also used by
+    ``benchmarks/bench_faults.py``."""
     cluster, tasks = _cluster({"worker": 2})
     os.environ["JAXDIST_TEST_FAULT"] = fault
     try:
-        procs = {t: _start(cluster, t, "uneven_fault", FAULT_TIMEOUT_S) for t in tasks}
+        procs = {t: _start(cluster, t, "uneven_fault", timeout) for t in tasks}
     finally:
         del os.environ["JAXDIST_TEST_FAULT"]
     ended: dict = {}
@@ -537,7 +538,7 @@ def test_a_fault_on_the_step_where_one_worker_has_a_batch_less_ends_every_worker
     line naming the cause (the one exception: a killed coordinator, whose peers jaxlib ends
     at once with its own fatal message)."""
     kind, who = fault.split(":")
-    outs, took = _run_fault(fault)
+    outs, took = run_fault(fault)
     for task, (rc, stderr) in outs.items():
         assert took[task] < FAULT_TIMEOUT_S + FAULT_MARGIN_S, (fault, took, stderr[-3000:])
         assert rc != 0, (fault, task, stderr[-3000:])
