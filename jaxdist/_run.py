@@ -230,10 +230,19 @@ def replay(strategy: Any, cdo: Any, fn: Callable, args: tuple) -> Any:
     return plan(strategy, cdo, fn, leaves, treedef)
 
 
-def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, kwargs: dict):
-    """Runs ``fn`` on every replica of ``strategy`` (see the module docstring)."""
+def run(
+    strategy: Any,
+    replicas: Replicas,
+    cdo: Any,
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    replayed: bool = False,
+) -> Any:
+    """Runs ``fn`` on every replica of ``strategy`` (see the module docstring);
+    ``replayed``: `replay` was tried on this call already."""
     _context.check_can_run(strategy)
-    plan = _PLANS.get(fn)
+    plan = None if replayed else _PLANS.get(fn)
     if plan is not None and not _jax_internals.tracing() and not _compile.is_fake_pmap():
         leaves, treedef = _structure(args, kwargs)
         out = plan(strategy, cdo, fn, leaves, treedef)

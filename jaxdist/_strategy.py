@@ -102,15 +102,16 @@ class Strategy:
             options: an optional `RunOptions`.
         """
         ext = self._extended
+        replayed = False
         if kwargs is None and options is None and type(args) is tuple:  # (the common call)
             out = _run.replay(self, ext.cross_device_ops, fn, args)
             if out is not _run.MISS:
                 return out
+            replayed = True
         check_fn_args(fn, args, kwargs)
         check_optional(options, RunOptions, "options", "a jaxdist.RunOptions")
-        return _run.run(
-            self, ext.replicas, ext.cross_device_ops, fn, tuple(args), dict(kwargs or {})
-        )
+        args, kwargs = tuple(args), dict(kwargs or {})
+        return _run.run(self, ext.replicas, ext.cross_device_ops, fn, args, kwargs, replayed)
 
     def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:
         """Reduces ``value`` across replicas (and along ``axis`` when given) to one array.
