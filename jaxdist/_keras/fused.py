@@ -33,6 +33,8 @@ def host_split(batch: Any, n: int, device: Any = None) -> tuple[Any, int] | None
     its number of rows; None unless every leaf is a NumPy array (or, with one replica, an
     array on its ``device``; or an array on one CPU device, read back as NumPy) of numbers with
     the same number of rows, divisible by ``n``."""
+    if n == 1 and type(batch) is tuple and batch and _numpy_rows(batch):
+        return batch, batch[0].shape[0]  # Keras' own (x, y[, sample_weight]): as it is
     leaves, treedef = jax.tree.flatten(batch)
     if n == 1 and leaves and all(type(x) is np.ndarray and x.ndim for x in leaves):
         b = leaves[0].shape[0]  # one replica, NumPy leaves (Keras' own batches): as they are
@@ -53,6 +55,21 @@ def host_split(batch: Any, n: int, device: Any = None) -> tuple[Any, int] | None
             return None
         out.append(x if n == 1 else x.reshape((n, b // n, *x.shape[1:])))
     return jax.tree.unflatten(treedef, out), b
+
+
+def _numpy_rows(leaves: tuple) -> bool:
+    """Whether ``leaves`` are NumPy arrays of numbers with the same (non-zero) number of rows
+    (the check of `host_split` without a tree flatten: it runs on every one-replica step)."""
+    b = leaves[0].shape[0] if type(leaves[0]) is np.ndarray and leaves[0].ndim else 0
+    for x in leaves:
+        if (
+            type(x) is not np.ndarray
+            or not x.ndim
+            or x.shape[0] != b
+            or x.dtype.kind not in "biufc"
+        ):
+            return False
+    return b > 0
 
 
 def _on_one_cpu(x: jax.Array) -> bool:
