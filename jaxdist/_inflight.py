@@ -186,9 +186,9 @@ def _watchdog() -> None:
         left = _orphaned(number) if number and waited > ORPHAN_S else None
         if left:
             _watch["on_stall"](
-                f"{left}, while this task waits in {name} ({what}), which it never ran: every "
-                "worker must make the same strategy calls in the same order (did the workers "
-                "run different numbers of steps?); aborting"
+                f"{left}, while this task waits in {name} ({what}), which the ended task(s) "
+                "never dispatched: every worker must make the same strategy calls in the same "
+                "order (did the workers run different numbers of steps?); aborting"
             )
             return
 

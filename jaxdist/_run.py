@@ -219,14 +219,14 @@ def _arguments(leaves: list, kinds: tuple, replicas: Replicas, one: bool) -> tup
 MISS = _one_replica.MISS
 
 
-def replay(strategy: Any, cdo: Any, fn: Callable, args: tuple) -> Any:
-    """A repeated one-replica call of ``fn`` with positional ``args`` replayed from the last
-    one (`jaxdist._one_replica.Plan`), or `MISS` (the caller takes `run`)."""
+def replay(strategy: Any, cdo: Any, fn: Callable, args: tuple, kwargs: Any = None) -> Any:
+    """A repeated one-replica call of ``fn`` replayed from the last one
+    (`jaxdist._one_replica.Plan`), or `MISS` (the caller takes the full path of `run`)."""
     plan = _PLANS.get(fn)
     if plan is None or _jax_internals.tracing() or _compile.is_fake_pmap():
         return MISS
     _context.check_can_run(strategy)
-    leaves, treedef = jax.tree_util.tree_flatten(args)
+    leaves, treedef = _structure(args, kwargs)
     return plan(strategy, cdo, fn, leaves, treedef)
 
 
@@ -242,11 +242,9 @@ def run(
     """Runs ``fn`` on every replica of ``strategy`` (see the module docstring);
     ``replayed``: `replay` was tried on this call already."""
     _context.check_can_run(strategy)
-    plan = None if replayed else _PLANS.get(fn)
-    if plan is not None and not _jax_internals.tracing() and not _compile.is_fake_pmap():
-        leaves, treedef = _structure(args, kwargs)
-        out = plan(strategy, cdo, fn, leaves, treedef)
-        if out is not _one_replica.MISS:
+    if not replayed:
+        out = replay(strategy, cdo, fn, args, kwargs)
+        if out is not MISS:
             return out
     WORK["full"] += 1
     one = replicas.num == 1 and not replicas.multi_process
@@ -263,10 +261,10 @@ def run(
         arrays = [x.reshape(x.shape[1:]) if s else x for x, s in zip(arrays, stacked)]
         return _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays)
     key = (sig, sigs, program_key(strategy, cdo), replicas.devices, _compile.is_fake_pmap())
-    replay = None  # a later call may replay it: the leaves and their structure as it sees them
+    again = None  # a later call may replay it: the leaves and their structure as it sees them
     if direct and not any(map(is_distributed, leaves)):
-        replay = (leaves, _structure(args, kwargs)[1])
-    how = (sig, key, in_axes, direct, replay)
+        again = (leaves, _structure(args, kwargs)[1])
+    how = (sig, key, in_axes, direct, again)
     return _run_eager(strategy, replicas, cdo, fn, how, arrays, stacked)
 
 

@@ -20,7 +20,7 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -36,10 +36,8 @@ def host_split(batch: Any, n: int, device: Any = None) -> tuple[Any, int] | None
     if n == 1 and type(batch) is tuple and batch and _numpy_rows(batch):
         return batch, batch[0].shape[0]  # Keras' own (x, y[, sample_weight]): as it is
     leaves, treedef = jax.tree.flatten(batch)
-    if n == 1 and leaves and all(type(x) is np.ndarray and x.ndim for x in leaves):
-        b = leaves[0].shape[0]  # one replica, NumPy leaves (Keras' own batches): as they are
-        if b > 0 and all(x.shape[0] == b and x.dtype.kind in "biufc" for x in leaves):
-            return batch, b
+    if n == 1 and leaves and _numpy_rows(leaves):  # one replica, NumPy leaves: as they are
+        return batch, leaves[0].shape[0]
     rows = {int(np.shape(x)[0]) if np.ndim(x) else -1 for x in leaves}
     b = rows.pop() if len(rows) == 1 else -1
     if b <= 0 or b % n:
@@ -57,9 +55,10 @@ def host_split(batch: Any, n: int, device: Any = None) -> tuple[Any, int] | None
     return jax.tree.unflatten(treedef, out), b
 
 
-def _numpy_rows(leaves: tuple) -> bool:
+def _numpy_rows(leaves: Sequence) -> bool:
     """Whether ``leaves`` are NumPy arrays of numbers with the same (non-zero) number of rows
-    (the check of `host_split` without a tree flatten: it runs on every one-replica step)."""
+    (a one-replica batch `host_split` passes as it is; Keras' own tuples are checked without
+    a tree flatten: it runs on every step)."""
     b = leaves[0].shape[0] if type(leaves[0]) is np.ndarray and leaves[0].ndim else 0
     for x in leaves:
         if (
