@@ -195,7 +195,13 @@ class Replicas:
         return NamedSharding(self.sharding.mesh, PartitionSpec())
 
     def replicate(self, x: Any) -> jax.Array:
-        """``x`` whole on every replica device (`replicated`)."""
+        """``x`` whole on every replica device (`replicated`): ``x`` itself when it is
+        a JAX array held so already (a step's output on one device is: its sharding is
+        equivalent, and a `jax.device_put` would cost a new array object each call)."""
+        if isinstance(x, jax.Array) and (
+            x.sharding == self.replicated or x.sharding.is_equivalent_to(self.replicated, x.ndim)
+        ):
+            return x
         return jax.device_put(x, self.replicated)
 
     def strings(self, local_only: bool = False) -> tuple[str, ...]:

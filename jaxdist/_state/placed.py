@@ -31,20 +31,22 @@ def placed(v: jax.Array, place: Callable[[Any], Any]) -> Any:
     >>> placed(w, put) is placed(w, put)
     True
     """
+    key = _place_key(place)
     entry = _PLACED.get(id(v))
+    if entry is not None and entry[0]() is v:
+        found = entry[1].get(key)
+        if found is not None:
+            return found
+    found = place(v)
+    if found is v:  # already where ``place`` puts it (kept, it would keep ``v`` alive)
+        return v
     if entry is None or entry[0]() is not v:
         try:
             ref = weakref.ref(v, functools.partial(_forget, id(v)))
         except TypeError:
-            return place(v)
+            return found
         entry = _PLACED[id(v)] = (ref, {})
-    key = _place_key(place)
-    found = entry[1].get(key)
-    if found is None:
-        found = place(v)
-        if found is v:  # kept, it would keep ``v`` alive
-            return v
-        entry[1][key] = found
+    entry[1][key] = found
     return found
 
 
