@@ -77,6 +77,9 @@ def items(obj: Any) -> list[tuple[Any, Any]]:
 
 def item(obj: Any, key: Any) -> Any:
     """``obj[key]`` by the built-in container's own lookup (not a subclass's)."""
+    kind = type(obj)
+    if kind is dict or kind is list or kind is tuple:  # the built-in itself: its own lookup
+        return obj[key]
     for base in (dict, *_SEQUENCES):
         if is_a(obj, base):
             return base.__getitem__(obj, key)  # type: ignore[operator,index]
@@ -124,9 +127,10 @@ def instance_dict(obj: Any) -> dict | None:
     True
     """
     cls = type(obj)
-    try:
-        descr = _DICT_DESCRIPTORS[cls]
-    except (KeyError, TypeError):
+    found = _DICT_DESCRIPTORS.get(id(cls))  # (a dict read: this runs for every attribute
+    if found is not None and found[0]() is cls:  # of the state on every call)
+        descr = found[1]
+    else:
         descr = _dict_descriptor(cls)
     if descr is None:
         return None
@@ -140,14 +144,23 @@ def _dict_descriptor(cls: type) -> Any:
     descr = type_lookup(cls, "__dict__")
     if type(descr) not in (types.GetSetDescriptorType, types.MemberDescriptorType):
         descr = None
+    key = id(cls)
     try:
-        _DICT_DESCRIPTORS[cls] = descr
+        ref = weakref.ref(cls, lambda r: _forget_class(key, r))
     except TypeError:  # a class that cannot be weakly referenced
-        pass
+        return descr
+    _DICT_DESCRIPTORS[key] = (ref, descr)
     return descr
 
 
-_DICT_DESCRIPTORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+def _forget_class(key: int, ref: weakref.ref) -> None:
+    found = _DICT_DESCRIPTORS.get(key)
+    if found is not None and found[0] is ref:  # not a newer class with the same id
+        del _DICT_DESCRIPTORS[key]
+
+
+# id(class) -> (a weak reference to it, its own ``__dict__`` accessor or None)
+_DICT_DESCRIPTORS: dict[int, tuple[weakref.ref, Any]] = {}
 
 
 def safe_getattr(obj: Any, name: str) -> Any:

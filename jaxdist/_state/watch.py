@@ -252,7 +252,11 @@ def differs(now: Any, value: Any, how: str) -> bool:
     if how == "tree":
         return _tree_def(now) != value
     if how == "code":
-        return type(now) is not types.FunctionType or function_key(now) != value
+        if type(now) is not types.FunctionType:
+            return True
+        if now.__closure__ is None and now.__defaults__ is None:  # its key, without building it
+            return value != (now.__code__, id(now.__globals__), ())
+        return function_key(now) != value
     if how == "size":
         return size(now) != value
     if now is value:
