@@ -160,6 +160,34 @@ def _trainer_pair(s, sizes, batch):
     return (lambda: t.train(x, y)), run_raw
 
 
+def _function_pair(s, sizes, batch):
+    """TF's ``@tf.function`` trainer: a `jd.function` method that reads ``self.params`` and
+    assigns the updated ones (no strategy: the compiled function alone) against raw
+    `jax.jit` given them as an argument."""
+
+    class Trainer:
+        def __init__(self):
+            self.params = jax.device_put(_mlp_params(sizes, jnp.float32), device)
+
+        @jd.function
+        def train(self, x, y):
+            self.params, loss = _raw_step(self.params, x, y)
+            return loss
+
+    device = s.extended.replicas.devices[0]
+    rng = np.random.default_rng(1)
+    x = jax.device_put(jnp.asarray(rng.normal(size=(batch, sizes[0])), jnp.float32), device)
+    y = jax.device_put(jnp.asarray(rng.integers(0, sizes[-1], batch)), device)
+    t, raw = Trainer(), jax.jit(_raw_step)
+    state = {"p": t.params}
+
+    def run_raw():
+        state["p"], loss = raw(state["p"], x, y)
+        return loss
+
+    return (lambda: t.train(x, y)), run_raw
+
+
 def _leaves_pair(s, n_leaves):
     """An eager run returning ``n_leaves`` small arrays vs `jax.jit` returning them."""
     x = jax.device_put(jnp.arange(8.0), s.extended.replicas.devices[0])
@@ -233,6 +261,7 @@ def one_device_rows(q, rounds):
         ("tiny step v * 2, eager run", lambda: _tiny_pair(s, False), 20 * n),
         ("tiny step v * 2, jitted", lambda: _tiny_pair(s, True), 20 * n),
         ("TF-style trainer: eager step reads self.params", lambda: _trainer_pair(s, mlp, z["mlp_batch"]), 4 * n),
+        ("TF-style trainer: jd.function reads and assigns self.params", lambda: _function_pair(s, mlp, z["mlp_batch"]), 4 * n),
         *[(f"eager run returning {k} small arrays", (lambda k=k: _leaves_pair(s, k)), 10 * n) for k in (1, 8, 32)],
     ]:  # fmt: skip
         ours, raw = pair()

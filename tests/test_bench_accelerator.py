@@ -19,6 +19,7 @@ ONE_DEVICE_ROWS = [
     "tiny step v * 2, eager run",
     "tiny step v * 2, jitted",
     "TF-style trainer: eager step reads self.params",
+    "TF-style trainer: jd.function reads and assigns self.params",
     "eager run returning 1 small arrays",
     "eager run returning 8 small arrays",
     "eager run returning 32 small arrays",
