@@ -85,16 +85,23 @@ class Calls:
         if not self._written and not self._assigned:
             return
         end = len(outs) - len(self._written)
-        pending = [j for j in range(len(self._written)) if j not in self._plan.host]
+        pending, n = self._write_plan
         if pending:
             tail = outs[end:]
             written = [self._written[j] for j in pending]
             _promote.write_back(fn, self._numbers, written, [tail[j] for j in pending])
-        n = sum(sum(1 for x in leaves if x is None) for _, _, leaves in self._assigned)
         it = iter(outs[end - n : end])
         for chain, treedef, leaves in self._assigned:
             value = treedef.unflatten([next(it) if x is None else x for x in leaves])
             _assign.replace(fn, chain, value)
+
+    @functools.cached_property
+    def _write_plan(self) -> tuple[list[int], int]:
+        """The written numbers the device computes (indices), and how many outputs the
+        assigned values take (the same on every call)."""
+        pending = [j for j in range(len(self._written)) if j not in self._plan.host]
+        n = sum(sum(1 for x in leaves if x is None) for _, _, leaves in self._assigned)
+        return pending, n
 
     @functools.cached_property
     def _plan(self) -> _hostnum.HostPlan:
