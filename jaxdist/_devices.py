@@ -198,11 +198,21 @@ class Replicas:
         """``x`` whole on every replica device (`replicated`): ``x`` itself when it is
         a JAX array held so already (a step's output on one device is: its sharding is
         equivalent, and a `jax.device_put` would cost a new array object each call)."""
-        if isinstance(x, jax.Array) and (
-            x.sharding == self.replicated or x.sharding.is_equivalent_to(self.replicated, x.ndim)
-        ):
-            return x
+        if isinstance(x, jax.Array):
+            sharding = x.sharding
+            if sharding in self._alike:
+                return x
+            if sharding.is_equivalent_to(self.replicated, x.ndim):
+                if len(self._alike) < 16:  # (a step's outputs: one or two shardings)
+                    self._alike.add(sharding)
+                return x
         return jax.device_put(x, self.replicated)
+
+    @functools.cached_property
+    def _alike(self) -> set:
+        """Shardings found equivalent to `replicated` (a set lookup costs less than
+        `jax.sharding.Sharding.is_equivalent_to`, which `replicate` runs on every leaf)."""
+        return {self.replicated}
 
     def strings(self, local_only: bool = False) -> tuple[str, ...]:
         """The devices as TF-style strings (this process's only, with ``local_only``)."""

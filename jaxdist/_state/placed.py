@@ -31,15 +31,18 @@ def placed(v: jax.Array, place: Callable[[Any], Any]) -> Any:
     >>> placed(w, put) is placed(w, put)
     True
     """
-    key = _place_key(place)
     entry = _PLACED.get(id(v))
+    key = None
     if entry is not None and entry[0]() is v:
+        key = _place_key(place)
         found = entry[1].get(key)
         if found is not None:
             return found
     found = place(v)
     if found is v:  # already where ``place`` puts it (kept, it would keep ``v`` alive)
         return v
+    if key is None:
+        key = _place_key(place)
     if entry is None or entry[0]() is not v:
         try:
             ref = weakref.ref(v, functools.partial(_forget, id(v)))
