@@ -2,6 +2,7 @@
 own process, rounds interleaved.
 
 python -m benchmarks.bench_keras [--quick]
+python -m benchmarks.bench_keras --accelerator [--quick]   # on jax.devices(), e.g. one GPU
 
 Models: an MLP (784-512-512-10) and a small conv net with BatchNormalization (28x28x1, conv 16,
 BN, conv 32 stride 2, BN, global pooling, Dense 10), global batch 256, SGD 0.1, 8 simulated CPU
@@ -21,6 +22,11 @@ And the tiny one-device case of issue 30: Dense 16-16-4 at batch 32 on one CPU d
 Keras against ``fit`` in a ``jd.MirroredStrategy()`` scope (one replica); and the same tiny
 model on 8 devices with ``steps_per_execution`` 1, 4 and 16, where dispatch rather than compute
 bounds a step (as on an accelerator), to show what k steps in one program save.
+
+``--accelerator`` runs on ``jax.devices()`` instead (one GPU: one replica, ``jd.MirroredStrategy()``):
+each model's plain Keras `fit` against `fit` in the scope, and the tiny model's
+``steps_per_execution`` 8 against 1 for both, more steps an epoch (`ACCEL_STEPS`), no GPU memory
+preallocated (the configurations' processes share the device).
 
 Each worker times one epoch per round when told to; the parent runs the rounds in turn, the order
 rotating every round, and reports per configuration the median ms/step with its range, the median
@@ -54,6 +60,11 @@ TINY = [("tiny_plain", "plain", 1, 1, {}), ("tiny_jaxdist_one_device", "jaxdist"
 # where dispatch, not compute, bounds a step (the tiny model on 8 devices, as on accelerators):
 # what steps_per_execution=k (k steps, one program) saves
 FUSED = [(f"fit_jaxdist_spe{k}", "jaxdist", k, R, {}) for k in (1, 4, 16)]
+# --accelerator: jax.devices() (devices=0: one GPU is one replica), each model plain Keras
+# against `fit` in a jaxdist scope, and the tiny model's steps_per_execution 8 against 1
+ACCEL_STEPS = {"mlp": 200, "conv": 100, "tiny": 400}
+ACCEL = [("plain", "plain", 1, 0, {}), ("jaxdist_scope", "jaxdist", 1, 0, {})]
+ACCEL_TINY = [(f"{name}_spe{k}", how, k, 0, {}) for name, how, _, _, _ in ACCEL for k in (1, 8)]
 
 
 # -- the worker: one configuration, one process ---------------------------------------------
@@ -99,9 +110,9 @@ def _fit_epoch(kind, how, spe, devices):
         import jaxdist as jd  # before Keras starts JAX: jaxdist sizes XLA's CPU pool
     import keras
 
-    x, y, batch = _data(kind, MODELS.get(kind, TINY_STEPS), np)
-    if how == "jaxdist":
-        strategy = jd.MirroredStrategy([f"/cpu:{i}" for i in range(devices)])
+    x, y, batch = _data(kind, _steps(kind, devices), np)
+    if how == "jaxdist":  # devices=0: every device jax.devices() gives (--accelerator)
+        strategy = jd.MirroredStrategy([f"/cpu:{i}" for i in range(devices)] or None)
         with strategy.scope():
             model = _model(kind, keras)
             _compile(model, keras, spe)
@@ -167,11 +178,16 @@ def _custom_epoch(kind, devices):
     return epoch
 
 
+def _steps(kind, devices):
+    """Steps per timed epoch (more on an accelerator, where a step takes microseconds)."""
+    return ACCEL_STEPS[kind] if devices == 0 else MODELS.get(kind, TINY_STEPS)
+
+
 def worker(kind, how, spe, devices):
     """Reads one line per round from stdin; answers seconds per step of one epoch."""
     import jax
 
-    steps = MODELS.get(kind, TINY_STEPS)
+    steps = _steps(kind, devices)
     epoch = _custom_epoch(kind, devices) if how == "custom" else _fit_epoch(kind, how, spe, devices)
     t0 = time.perf_counter()
     jax.block_until_ready(epoch())
@@ -190,7 +206,9 @@ def worker(kind, how, spe, devices):
 
 def _env(devices, extra):
     env = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "JAXDIST_PJRT_NPROC")}
-    env.update(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", **extra)
+    env.update(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu" if devices else "", **extra)
+    if not devices:  # an accelerator shared by the configurations' processes
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     flags = [f for f in env.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
     if devices > 1:
         flags.append(f"--xla_force_host_platform_device_count={devices}")
@@ -305,6 +323,25 @@ def main(quick=False):
     return {"title": "bench_keras", **results, "markdown": "\n".join(parts)}
 
 
+def accelerator(rounds=5):
+    """``--accelerator``: each model's plain Keras `fit` against `fit` in a jaxdist scope on
+    ``jax.devices()`` (one GPU: one replica), and the tiny model's ``steps_per_execution`` 8
+    against 1 (a dispatch-bound step: what the fused program is for)."""
+    from benchmarks import common
+
+    results, parts = {}, []
+    header = ["loop", "ms/step median (range)", "{} time / this (range)", "first epoch s"]
+    for kind, loops, base in [("mlp", ACCEL, "plain"), ("conv", ACCEL, "plain")] + [
+        ("tiny", ACCEL_TINY, "plain_spe1")
+    ]:
+        out = group(kind, loops, rounds)
+        rows, results[kind] = _rows(out, base)
+        h = header[:2] + [header[2].format(base), header[3]]
+        parts += [f"{kind}, {ACCEL_STEPS[kind]} steps an epoch, {rounds} rounds", ""]
+        parts += [common.table(h, rows), ""]
+    return {"title": "bench_keras --accelerator", **results, "markdown": "\n".join(parts)}
+
+
 def targets(results):
     """The issues' targets against this run's figures: rows (target, measured, met)."""
     rows = []
@@ -340,5 +377,7 @@ if __name__ == "__main__":
         i = sys.argv.index("--worker")
         kind, how, spe, devices = sys.argv[i + 1 : i + 5]
         worker(kind, how, int(spe), int(devices))
+    elif "--accelerator" in sys.argv:
+        print(accelerator(rounds=3 if "--quick" in sys.argv else 5)["markdown"])
     else:
         print(main(quick="--quick" in sys.argv)["markdown"])
