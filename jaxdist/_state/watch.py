@@ -302,6 +302,9 @@ def settle(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> tuple:
 def size(x: Any) -> Any:
     """How many entries a list, tuple, deque or dict has (a partial: its arguments),
     None otherwise."""
+    kind = type(x)
+    if kind is list or kind is dict or kind is tuple:  # the built-ins themselves: their length
+        return len(x)
     if _peek.is_a(x, functools.partial):
         return (len(x.args), len(x.keywords))
     if _peek.is_a(x, tuple):
