@@ -377,3 +377,70 @@ def test_an_effect_reading_a_number_sees_its_value(strat):
         run_local(strat, t.step, x)
     jax.effects_barrier()
     assert sorted({int(v) for v in SEEN}) == [1, 2, 3] and t.calls == 3
+
+
+# -- the compiled walk of a step's state (`jaxdist._state.chains.Fetcher`) -------------------
+
+
+def _chains_module():
+    import importlib
+
+    return importlib.import_module("jaxdist._state.chains")
+
+
+def test_the_compiled_walk_reads_what_each_chain_reads_alone():
+    """Every chain of a Keras-sized tree (2,000 arrays under ``self.params``, a global, a
+    closure cell, a default) read by the compiled walk is the object Python reads there."""
+    ch = _chains_module()
+
+    class Model:
+        def __init__(self):
+            self.params = [{"w": np.full(2, i), "b": (i, float(i))} for i in range(1000)]
+
+    model, scale = Model(), 3.0
+
+    def make(limit=7):
+        def step(x, k=5):
+            return x * scale + limit + k + len(GLOBAL_TABLE)
+
+        return types.MethodType(step, model)
+
+    fn = make()
+    chains = [(("self", None), ("attr", "params"), ("item", i), ("item", "w")) for i in range(1000)]
+    chains += [
+        (("self", None), ("attr", "params"), ("item", i), ("item", "b"), ("item", 1))
+        for i in range(1000)
+    ]
+    chains += [(("func", None), ("global", "GLOBAL_TABLE")), (("func", None), ("cell", 0))]
+    chains += [(("func", None), ("cell", 1)), (("func", None), ("default", 0)), (("self", None),)]
+    values = ch.Fetcher(chains).values(fn)
+    assert len(values) == len(chains)
+    for chain, value in zip(chains, values):
+        assert value is ch.fetch(fn, chain)
+    assert values[0] is model.params[0]["w"] and values[1999] == 999.0
+    assert values[-5:] == [GLOBAL_TABLE, 7, scale, 5, model]  # cells: limit, scale
+
+
+GLOBAL_TABLE = {"a": 1}
+
+
+def test_the_compiled_walk_raises_gone_where_a_link_is_missing():
+    ch = _chains_module()
+
+    class Model:
+        pass
+
+    model = Model()
+    model.params = {"w": 1}
+    fn = types.MethodType(lambda self: self.params["w"], model)
+    fetcher = ch.Fetcher([(("self", None), ("attr", "params"), ("item", "w"))])
+    assert fetcher.values(fn) == [1]
+    model.params = {"v": 2}  # the key is gone
+    with pytest.raises(ch.Gone):
+        fetcher.values(fn)
+    del model.params  # the attribute is gone
+    with pytest.raises(ch.Gone):
+        fetcher.values(fn)
+    with pytest.raises(ch.Gone):  # a link of a kind the walk does not know
+        ch.Fetcher([(("self", None), ("no such kind", 0))]).values(fn)
+    assert ch.Fetcher([]).values(fn) == []

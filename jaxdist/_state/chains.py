@@ -143,7 +143,11 @@ def describe(fn: Callable, chain: Chain) -> str:
 
 class Fetcher:
     """`fetch` of many chains at once, as a tree: each object on the way is read once
-    (10,000 parameters under ``self.params`` are 10,000 item reads, not 30,000 links)."""
+    (10,000 parameters under ``self.params`` are 10,000 item reads, not 30,000 links).
+
+    The tree is compiled into one Python function when the fetcher is made (`_compiled`):
+    it runs on every call of a step, so each link is one statement, with one ``try`` for
+    the whole walk, rather than a recursive walk over the tree's dictionaries."""
 
     def __init__(self, chains: list) -> None:
         self._root: dict = {}
@@ -153,35 +157,62 @@ class Fetcher:
             for link in chain:
                 node = node.setdefault(link, {})
             node.setdefault(None, []).append(i)
+        self._walk = _compiled(self._root, self._n)
 
     def values(self, fn: Callable) -> list:
         """The value at the end of each chain now (raises `Gone` if one is not there)."""
-        out: list = [None] * self._n
-        _collect(fn, self._root, out)
-        return out
+        return self._walk(fn)
 
 
-def _collect(obj: Any, node: dict, out: list) -> None:
+# links that are one attribute or item read: written into the compiled walk as they are
+_INLINE = {
+    "self": "{o}.__self__",
+    "func": "{o}.__func__",
+    "pfunc": "{o}.func",
+    "global": "{o}.__globals__[{k}]",
+    "cell": "{o}.__closure__[{k}].cell_contents",
+    "fattr": "{o}.__dict__[{k}]",
+    "default": "{o}.__defaults__[{k}]",
+}
+
+
+def _compiled(root: dict, n: int) -> Callable[[Any], list]:
+    """One function walking the tree ``root`` from its argument: each link's value in a
+    local named by its depth (``o3``: the objects on the way are needed only below
+    them), each chain's end stored in ``out``. Only fixed templates and numbers are
+    written into its source; the links' keys and step functions are its globals."""
+    names: dict[str, Any] = {"Gone": Gone}
+    lines: list[str] = []
+    _emit(root, 0, lines, names)
+    body = "".join(f"        {line}\n" for line in lines) or "        pass\n"
+    source = (
+        f"def walk(o0):\n    out = [None] * {n}\n    try:\n{body}"
+        "    except Gone:\n        raise\n"
+        "    except Exception as e:\n        raise Gone(str(e)) from None\n    return out\n"
+    )
+    exec(compile(source, "<jaxdist.state.chains.Fetcher>", "exec"), names)  # noqa: S102
+    return names["walk"]
+
+
+def _emit(node: dict, depth: int, lines: list, names: dict) -> None:
+    here = f"o{depth}"
     for link, sub in node.items():
         if link is None:
-            for i in sub:
-                out[i] = obj
-        elif len(sub) == 1 and None in sub:  # a chain's last link: no call deeper
-            value = _step(obj, link)
-            for i in sub[None]:
-                out[i] = value
-        else:
-            _collect(_step(obj, link), sub, out)
+            lines += [f"out[{i}] = {here}" for i in sub]
+            continue
+        kind, key = link
+        k = len(names)
+        names[f"k{k}"] = key
+        template = _INLINE.get(kind)
+        if template is None:
+            names[f"s{k}"] = _STEPS.get(kind, _unknown)
+            template = f"s{k}({{o}}, {{k}})"
+        lines.append(f"o{depth + 1} = " + template.format(o=here, k=f"k{k}"))
+        _emit(sub, depth + 1, lines, names)
 
 
-def _step(obj: Any, link: tuple) -> Any:
-    """One link of a chain from ``obj`` (raises `Gone` if it is not there)."""
-    try:
-        return _STEPS[link[0]](obj, link[1])
-    except Gone:
-        raise
-    except Exception as e:
-        raise Gone(str(e)) from None
+def _unknown(obj: Any, key: Any) -> Any:
+    raise Gone("a link of an unknown kind")
 
 
 def _gone() -> Any:
