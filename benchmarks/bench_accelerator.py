@@ -96,13 +96,19 @@ def _jd_step(params, x, y):  # as a TF user writes it: gradients all-reduced
     return jax.tree.map(lambda p, d: p - 0.01 * d.astype(p.dtype), params, g), loss
 
 
+def _batch(device, sizes, batch, dtype):
+    """One batch ``(x, y)`` of the MLP on ``device``."""
+    rng = np.random.default_rng(1)
+    x = jax.device_put(jnp.asarray(rng.normal(size=(batch, sizes[0])), dtype), device)
+    y = jax.device_put(jnp.asarray(rng.integers(0, sizes[-1], batch)), device)
+    return x, y
+
+
 def _train_pair(s, sizes, batch, dtype, jitted):
     """(jaxdist step, raw jax.jit step), each carrying its own parameters."""
     params = _mlp_params(sizes, dtype)
     device = s.extended.replicas.devices[0]
-    rng = np.random.default_rng(1)
-    x = jax.device_put(jnp.asarray(rng.normal(size=(batch, sizes[0])), dtype), device)
-    y = jax.device_put(jnp.asarray(rng.integers(0, sizes[-1], batch)), device)
+    x, y = _batch(device, sizes, batch, dtype)
     state = {"jd": jax.device_put(params, device), "raw": jax.device_put(params, device)}
     raw = jax.jit(_raw_step)
     ours = jax.jit(lambda p, x, y: s.run(_jd_step, args=(p, x, y))) if jitted else None
@@ -136,8 +142,8 @@ def _trainer_pair(s, sizes, batch):
     call); raw `jax.jit` is given them as an argument."""
 
     class Trainer:
-        def __init__(self):
-            self.params = jax.device_put(_mlp_params(sizes, jnp.float32), device)
+        def __init__(self, params):
+            self.params = params
 
         def step(self, x, y):
             return _jd_step(self.params, x, y)
@@ -146,18 +152,7 @@ def _trainer_pair(s, sizes, batch):
             self.params, loss = s.run(self.step, args=(x, y))
             return loss
 
-    device = s.extended.replicas.devices[0]
-    rng = np.random.default_rng(1)
-    x = jax.device_put(jnp.asarray(rng.normal(size=(batch, sizes[0])), jnp.float32), device)
-    y = jax.device_put(jnp.asarray(rng.integers(0, sizes[-1], batch)), device)
-    t, raw = Trainer(), jax.jit(_raw_step)
-    state = {"p": t.params}  # the same starting arrays (immutable)
-
-    def run_raw():
-        state["p"], loss = raw(state["p"], x, y)
-        return loss
-
-    return (lambda: t.train(x, y)), run_raw
+    return _against_raw(Trainer, s, sizes, batch)
 
 
 def _function_pair(s, sizes, batch):
@@ -166,19 +161,26 @@ def _function_pair(s, sizes, batch):
     `jax.jit` given them as an argument."""
 
     class Trainer:
-        def __init__(self):
-            self.params = jax.device_put(_mlp_params(sizes, jnp.float32), device)
+        def __init__(self, params):
+            self.params = params
 
         @jd.function
         def train(self, x, y):
             self.params, loss = _raw_step(self.params, x, y)
             return loss
 
+    return _against_raw(Trainer, s, sizes, batch)
+
+
+def _against_raw(trainer_class, s, sizes, batch):
+    """``trainer_class(params).train`` against raw `jax.jit` of the step carrying the same
+    starting parameters (immutable arrays) as an argument."""
     device = s.extended.replicas.devices[0]
-    rng = np.random.default_rng(1)
-    x = jax.device_put(jnp.asarray(rng.normal(size=(batch, sizes[0])), jnp.float32), device)
-    y = jax.device_put(jnp.asarray(rng.integers(0, sizes[-1], batch)), device)
-    t, raw = Trainer(), jax.jit(_raw_step)
+    x, y = _batch(device, sizes, batch, jnp.float32)
+    t, raw = (
+        trainer_class(jax.device_put(_mlp_params(sizes, jnp.float32), device)),
+        jax.jit(_raw_step),
+    )
     state = {"p": t.params}
 
     def run_raw():
