@@ -200,11 +200,13 @@ class Replicas:
         equivalent, and a `jax.device_put` would cost a new array object each call)."""
         if isinstance(x, jax.Array):
             sharding = x.sharding
-            if sharding in self._alike:
+            if self._same.get(id(sharding)) is sharding:
                 return x
-            if sharding.is_equivalent_to(self.replicated, x.ndim):
-                if len(self._alike) < 16:  # (a step's outputs: one or two shardings)
+            if sharding in self._alike or sharding.is_equivalent_to(self.replicated, x.ndim):
+                if len(self._alike) < 16:  # (a step's outputs: one or two kinds of sharding)
                     self._alike.add(sharding)
+                if len(self._same) < 4096:
+                    self._same[id(sharding)] = sharding
                 return x
         return jax.device_put(x, self.replicated)
 
@@ -213,6 +215,13 @@ class Replicas:
         """Shardings found equivalent to `replicated` (a set lookup costs less than
         `jax.sharding.Sharding.is_equivalent_to`, which `replicate` runs on every leaf)."""
         return {self.replicated}
+
+    @functools.cached_property
+    def _same(self) -> dict[int, Any]:
+        """The sharding objects found equivalent, by identity (kept alive here, so that an
+        ``id`` is not reused): a program's output keeps its sharding object from call to
+        call, and a dict read by ``id`` costs less than the sharding's hash and equality."""
+        return {id(self.replicated): self.replicated}
 
     def strings(self, local_only: bool = False) -> tuple[str, ...]:
         """The devices as TF-style strings (this process's only, with ``local_only``)."""

@@ -468,3 +468,38 @@ def test_a_trainer_whose_outputs_become_its_state_puts_nothing_again(monkeypatch
     assert totals == [3 * (1 - 0.5 * i) for i in range(1, 5)]  # a = 1 - 0.5 per call
     np.testing.assert_allclose(np.asarray(t.w["b"]), np.full(3, -2.5))
     assert jd.experimental.step_count(t.step) == 1
+
+
+@pytest.mark.parametrize("kind", ["mirrored", "one_device"])
+def test_a_trainers_many_state_arrays_are_known_placed_without_comparing_shardings(
+    monkeypatch, kind
+):
+    """A trainer's state read back from its step's outputs is known to be placed by its
+    sharding object (kept from call to call): with 40 arrays of state, a later call
+    compares no sharding again, puts no array, and reads the values it wrote."""
+    s = make(kind, 1)
+
+    class Trainer:
+        def __init__(self):
+            self.w = [jnp.full(2, float(i)) for i in range(40)]
+
+        def step(self):
+            return [v + 1.0 for v in self.w], sum(jnp.sum(v) for v in self.w)
+
+        def train(self):
+            self.w, total = s.run(self.step)
+            return total
+
+    t = Trainer()
+    t.train(), t.train()
+    compared, puts = [], []
+    kind_of = type(t.w[0].sharding)
+    real_equivalent, real_put = kind_of.is_equivalent_to, jax.device_put
+    monkeypatch.setattr(
+        kind_of, "is_equivalent_to", lambda *a: compared.append(1) or real_equivalent(*a)
+    )
+    monkeypatch.setattr(jax, "device_put", lambda *a, **k: puts.append(a) or real_put(*a, **k))
+    totals = [float(t.train()) for _ in range(3)]
+    assert compared == [] and puts == []
+    assert totals == [2 * sum(range(40)) + 80 * c for c in (2, 3, 4)]
+    np.testing.assert_allclose(np.asarray(t.w[39]), np.full(2, 44.0))
