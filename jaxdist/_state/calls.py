@@ -43,6 +43,10 @@ def is_concrete_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray)) and not is_tracer(x)
 
 
+_CONCRETE: set = set()  # the types of concrete arrays the state held (never a tracer's)
+_MISFIT = "type(v) not in K or v.shape != s{j} or v.dtype != d{j}"
+
+
 class Calls:
     """The per-call half of `jaxdist._state.stage.Staged`, over the record its trace left."""
 
@@ -154,12 +158,10 @@ class Calls:
             if type(n) is not kind:
                 where = _chains.describe(fn, chain)
                 return None, f"{where} is now a {type(n).__name__}, not a {kind.__name__}"
-        for v, (chain, shape, dtype) in zip(out[p:], self._array_checks):
-            if not is_concrete_array(v) or v.shape != shape or v.dtype != dtype:
-                now = f"{v.dtype}{list(v.shape)}" if is_concrete_array(v) else type(v).__name__
-                return None, (
-                    f"{_chains.describe(fn, chain)} is now {now}, not {dtype}{list(shape)}"
-                )
+        if not self._arrays_fit(out):
+            misfit = self._misfit(fn, out[p:])
+            if misfit:
+                return None, misfit
         if self._aliases and not self._same_aliases(fn, out[p + len(self._swaps) :]):
             return None, "two names that held one array when it was traced now hold two"
         for chain in self._outs.values():
@@ -172,6 +174,32 @@ class Calls:
             if wide:
                 return None, wide
         return out, ""
+
+    @functools.cached_property
+    def _arrays_fit(self) -> Callable[[list], bool]:
+        """Whether the arrays read (``out`` after the numbers) have the shapes and dtypes
+        traced, as one function made for this trace (a statement per array): each array's
+        type is one known to be concrete (`_CONCRETE`), else `_misfit` tells."""
+        p = len(self._numbers)
+        names: dict[str, Any] = {"K": _CONCRETE}
+        lines = []
+        for j, (_, shape, dtype) in enumerate(self._array_checks):
+            names[f"s{j}"], names[f"d{j}"] = shape, dtype
+            lines += [f"v = out[{p + j}]", f"if {_MISFIT.format(j=j)}: return False"]
+        source = "def fit(out):\n" + "".join(f"    {line}\n" for line in lines)
+        exec(compile(source + "    return True\n", "<jaxdist.state.calls>", "exec"), names)  # noqa: S102
+        return names["fit"]
+
+    def _misfit(self, fn: Callable, arrays: list) -> str:
+        """Which array read is not a concrete array of its traced shape and dtype, in
+        words; "" if none (its type is then known to be concrete: `_CONCRETE`)."""
+        for v, (chain, shape, dtype) in zip(arrays, self._array_checks):
+            if not is_concrete_array(v) or v.shape != shape or v.dtype != dtype:
+                now = f"{v.dtype}{list(v.shape)}" if is_concrete_array(v) else type(v).__name__
+                return f"{_chains.describe(fn, chain)} is now {now}, not {dtype}{list(shape)}"
+            if type(v) not in _CONCRETE and len(_CONCRETE) < 64:
+                _CONCRETE.add(type(v))
+        return ""
 
     def _store_numbers(self, fn: Callable, out: list) -> str:
         """Stores the written numbers the host computes (Python's arithmetic, from the

@@ -145,19 +145,13 @@ class Fetcher:
     """`fetch` of many chains at once, as a tree: each object on the way is read once
     (10,000 parameters under ``self.params`` are 10,000 item reads, not 30,000 links).
 
-    The tree is compiled into one Python function when the fetcher is made (`_compiled`):
+    The tree is compiled into one Python function when the fetcher is made (`compile_walk`):
     it runs on every call of a step, so each link is one statement, with one ``try`` for
     the whole walk, rather than a recursive walk over the tree's dictionaries."""
 
     def __init__(self, chains: list) -> None:
-        self._root: dict = {}
-        self._n = len(chains)
-        for i, chain in enumerate(chains):
-            node = self._root
-            for link in chain:
-                node = node.setdefault(link, {})
-            node.setdefault(None, []).append(i)
-        self._walk = _compiled(self._root, self._n)
+        head = [f"out = [None] * {len(chains)}"]
+        self._walk = compile_walk(tree(chains), _store, "out", head, {})
 
     def values(self, fn: Callable) -> list:
         """The value at the end of each chain now (raises `Gone` if one is not there)."""
@@ -176,29 +170,55 @@ _INLINE = {
 }
 
 
-def _compiled(root: dict, n: int) -> Callable[[Any], list]:
-    """One function walking the tree ``root`` from its argument: each link's value in a
-    local named by its depth (``o3``: the objects on the way are needed only below
-    them), each chain's end stored in ``out``. Only fixed templates and numbers are
-    written into its source; the links' keys and step functions are its globals."""
-    names: dict[str, Any] = {"Gone": Gone}
-    lines: list[str] = []
-    _emit(root, 0, lines, names)
-    body = "".join(f"        {line}\n" for line in lines) or "        pass\n"
+def tree(chains: list) -> dict:
+    """``chains`` as nested dicts of their links, the indices of the chains that end at
+    a node under its key None (what `compile_walk` walks)."""
+    root: dict = {}
+    for i, chain in enumerate(chains):
+        node = root
+        for link in chain:
+            node = node.setdefault(link, {})
+        node.setdefault(None, []).append(i)
+    return root
+
+
+def _store(ends: list[int], here: str) -> list[str]:
+    return [f"out[{i}] = {here}" for i in ends]
+
+
+def compile_walk(
+    root: dict,
+    end: Callable[[list[int], str], list[str]],
+    result: str,
+    head: list[str],
+    names: dict[str, Any],
+) -> Callable[[Any], Any]:
+    """One function walking the tree ``root`` (chains' links as nested dicts; the
+    chains ending at a node listed under its key None) from its argument: each link's
+    value in a local named by its depth (``o3``: the objects on the way are needed only
+    below them), ``end(indices, local)``'s statements where chains end, and ``result``
+    returned. A link that is missing raises `Gone`. Only fixed templates and numbers are
+    written into its source; the links' keys and step functions are its globals, with
+    ``names`` (what ``head`` and ``end`` use)."""
+    names = {**names, "Gone": Gone}
+    lines = list(head)
+    _emit(root, 0, lines, names, end)
+    body = "".join(f"        {line}\n" for line in lines[len(head) :]) or "        pass\n"
     source = (
-        f"def walk(o0):\n    out = [None] * {n}\n    try:\n{body}"
+        "def walk(o0):\n" + "".join(f"    {line}\n" for line in head) + f"    try:\n{body}"
         "    except Gone:\n        raise\n"
-        "    except Exception as e:\n        raise Gone(str(e)) from None\n    return out\n"
+        "    except Exception as e:\n        raise Gone(str(e)) from None\n"
+        f"    return {result}\n"
     )
     exec(compile(source, "<jaxdist.state.chains.Fetcher>", "exec"), names)  # noqa: S102
     return names["walk"]
 
 
-def _emit(node: dict, depth: int, lines: list, names: dict) -> None:
+def _emit(node: dict, depth: int, lines: list, names: dict, end: Callable) -> None:
     here = f"o{depth}"
     for link, sub in node.items():
         if link is None:
-            lines += [f"out[{i}] = {here}" for i in sub]
+            lines += end(sub, here)
             continue
         kind, key = link
         k = len(names)
@@ -208,7 +228,7 @@ def _emit(node: dict, depth: int, lines: list, names: dict) -> None:
             names[f"s{k}"] = _STEPS.get(kind, _unknown)
             template = f"s{k}({{o}}, {{k}})"
         lines.append(f"o{depth + 1} = " + template.format(o=here, k=f"k{k}"))
-        _emit(sub, depth + 1, lines, names)
+        _emit(sub, depth + 1, lines, names, end)
 
 
 def _unknown(obj: Any, key: Any) -> Any:

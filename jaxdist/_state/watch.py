@@ -227,43 +227,88 @@ def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
 
 class Checker:
     """`changed` for one recorded set, checked on every call: the chains read as a tree
-    (`jaxdist._state.chains.Fetcher`), so that each object on the way is read once (a Keras
-    model's step watches a thousand values under a few dozen objects)."""
+    (`jaxdist._state.chains.tree`), so that each object on the way is read once (a Keras
+    model's step watches a thousand values under a few dozen objects), compiled into one
+    Python function with each value's comparison where its chain ends
+    (`jaxdist._state.chains.compile_walk`): the first that differs returns."""
 
     def __init__(self, watched: tuple[tuple[Chain, Any, str], ...]) -> None:
-        self._fetcher = _chains.Fetcher([chain for chain, _, _ in watched])
-        self._recorded = [(value, how) for _, value, how in watched]
+        names: dict[str, Any] = {"size": size, "SIZED": _SIZED}
+        hows = [how for _, _, how in watched]
+        for i, (_, value, how) in enumerate(watched):
+            names[f"r{i}"], names[f"d{i}"] = value, _DIFFERS.get(how, _differs_value)
+
+        def end(ends: list[int], o: str) -> list[str]:
+            return [f"if {_TESTS.get(hows[i], _TEST).format(o=o, i=i)}: return True" for i in ends]
+
+        tree = _chains.tree([chain for chain, _, _ in watched])
+        self._changed = _chains.compile_walk(tree, end, "False", [], names)
 
     def changed(self, fn: Callable) -> bool:
         try:
-            now = self._fetcher.values(fn)
+            return self._changed(fn)
         except _chains.Gone:
             return True
-        for n, (value, how) in zip(now, self._recorded):
-            if n is not value and differs(n, value, how):
-                return True
-        return False
 
 
 def differs(now: Any, value: Any, how: str) -> bool:
     """Whether ``now`` is no longer what `watch` recorded as ``value`` (compared ``how``)."""
-    if how == "type":
-        return type(now) is not value
-    if how == "tree":
-        return _tree_def(now) != value
-    if how == "code":
-        if type(now) is not types.FunctionType:
-            return True
-        if now.__closure__ is None and now.__defaults__ is None:  # its key, without building it
-            return value != (now.__code__, id(now.__globals__), ())
-        return function_key(now) != value
-    if how == "size":
-        return size(now) != value
-    if now is value:
-        return False
-    if how == "weak":  # a dead reference: the object it was is gone, so changed
-        return value() is not now
-    return how == "ident" or type(now) is not type(value) or not _equal(now, value)
+    return _DIFFERS.get(how, _differs_value)(now, value)
+
+
+def _differs_type(now: Any, value: Any) -> bool:
+    return type(now) is not value
+
+
+def _differs_tree(now: Any, value: Any) -> bool:
+    return _tree_def(now) != value
+
+
+def _differs_code(now: Any, value: Any) -> bool:
+    if type(now) is not types.FunctionType:
+        return True
+    if now.__closure__ is None and now.__defaults__ is None:  # its key, without building it
+        return value != (now.__code__, id(now.__globals__), ())
+    return function_key(now) != value
+
+
+def _differs_size(now: Any, value: Any) -> bool:
+    return size(now) != value
+
+
+def _differs_weak(now: Any, value: Any) -> bool:
+    # a dead reference: the object it was is gone, so changed
+    return now is not value and value() is not now
+
+
+def _differs_ident(now: Any, value: Any) -> bool:
+    return now is not value
+
+
+def _differs_value(now: Any, value: Any) -> bool:
+    return now is not value and (type(now) is not type(value) or not _equal(now, value))
+
+
+_DIFFERS: dict[str, Callable[[Any, Any], bool]] = {
+    "type": _differs_type,
+    "tree": _differs_tree,
+    "code": _differs_code,
+    "size": _differs_size,
+    "weak": _differs_weak,
+    "ident": _differs_ident,
+    "value": _differs_value,
+}
+# the compiled check of each kind (`Checker`): ``{o}`` the value now, ``r{i}`` the one
+# recorded, ``d{i}`` its kind's comparison; a built-in list's, dict's or tuple's size read
+# in place, an identical value not compared further
+_SIZED = (list, dict, tuple)
+_TEST = "{o} is not r{i} and d{i}({o}, r{i})"
+_TESTS = {
+    "type": "type({o}) is not r{i}",
+    "size": "(len({o}) if type({o}) in SIZED else size({o})) != r{i}",
+    "code": "d{i}({o}, r{i})",
+    "tree": "d{i}({o}, r{i})",
+}
 
 
 def moved_numbers(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> list[Chain]:
