@@ -364,17 +364,7 @@ def _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays) -> Any:
     call_axes, call_args = in_axes, arrays
     if MAPPED not in sig[1]:  # a pmap needs one mapped argument
         call_axes, call_args = (0, *in_axes), [_compile.replica_ids(replicas, True), *arrays]
-    mapped = _compile.spmd if replicas.multi_process else _compile.pmap
-    # traced once here (the step's Python runs once), checked for state the user's compile
-    # froze, and replayed as a jaxpr inside the pmap
-    examples = [example(x, ax == 0) for x, ax in zip(call_args, call_axes)]
-    closed = jax.make_jaxpr(body, axis_env=[(AXIS, replicas.num)])(*examples)
-    warn_frozen(fn, closed)
-    body = jaxpr_as_fun(closed)
-    if replicas.num == 1 and not replicas.multi_process and not _compile.is_fake_pmap():
-        outs = _one_replica.vmapped(body, call_axes)(*call_args)
-    else:
-        outs = mapped(body, replicas, tuple(call_axes))(*call_args)
+    outs = _traced_map(fn, replicas, body, tuple(call_axes), call_args)
     if info.get("written"):  # what the step stored there: replica 0's value, as eagerly
         values = outs[len(outs) - len(info["written"]) :]
         now = swap.now()  # type: ignore[union-attr]
@@ -382,6 +372,29 @@ def _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays) -> Any:
             now[i] = v[0]
         swap.put_back(now)  # type: ignore[union-attr]
     return _wrap(info, outs, replicas.num, lambda a: a[0], arrays.__getitem__)
+
+
+def _traced_map(fn: Callable, replicas: Replicas, body: Callable, axes: tuple, args: list) -> list:
+    """``body`` mapped over the replicas in the caller's trace: traced once here (the
+    step's Python runs once), checked for state the user's compile froze, and replayed
+    as a jaxpr. One replica (a `jax.vmap`): ``body`` traced alone with the replica axis in
+    its environment, replayed inside the map. Several (`jax.pmap`, or a ``shard_map``
+    across processes): the whole map traced, so that JAX itself takes in the values of
+    the caller's trace that the step closes over (state an earlier call stored can carry
+    a sharding over the replicas' own mesh, which a jaxpr traced apart and replayed
+    inside the map would hold as a constant of another kind of mesh, and JAX refuses)."""
+    spmd = _compile.spmd if replicas.multi_process else _compile.pmap
+    fake = _compile.is_fake_pmap()
+    one = replicas.num == 1 and not replicas.multi_process and not fake
+    if one or fake:
+        examples = [example(x, ax == 0) for x, ax in zip(args, axes)]
+        closed = jax.make_jaxpr(body, axis_env=[(AXIS, replicas.num)])(*examples)
+        warn_frozen(fn, closed)
+        replay = jaxpr_as_fun(closed)
+        return (_one_replica.vmapped(replay, axes) if one else spmd(replay, replicas, axes))(*args)
+    closed = jax.make_jaxpr(spmd(body, replicas, axes))(*args)
+    warn_frozen(fn, closed)
+    return jaxpr_as_fun(closed)(*args)
 
 
 def _numbers_out(body: Callable, swap: Any, info: dict) -> Callable:

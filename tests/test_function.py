@@ -450,3 +450,48 @@ def test_tf1_experimental_run_and_get_next_inside_a_jd_function(n):
         return strategy.reduce("SUM", strategy.run(jnp.sum, args=(it.get_next(),)), axis=None)
 
     assert [float(tf2_step(it)) for _ in data] == totals
+
+
+@pytest.mark.parametrize("n", (1, 2, 3, 4, 8))
+def test_a_function_traced_again_differentiates_state_an_earlier_call_stored(n):
+    """A `jd.function` trainer traced again (a batch of another shape, a learning rate the
+    host changed) after it stored ``self.w``: the stored array's sharding spans the
+    replicas' own mesh, and the step's gradient of it inside the map gives TF's answer
+    (was JAX's "Mesh for all inputs should be equal" on 2 replicas or more)."""
+    strategy = mirrored(n)
+
+    class Trainer:
+        def __init__(self):
+            self.w, self.lr = jnp.zeros(3), 0.1
+
+        def replica_step(self, x):
+            return jax.grad(lambda w: -jnp.sum(x @ w))(self.w)  # -(its rows) per entry
+
+        @jd.function
+        def train(self, x):
+            g = strategy.reduce("SUM", strategy.run(self.replica_step, args=(x,)), axis=None)
+            self.w = self.w - self.lr * g
+
+    t = Trainer()
+    rows = (8 * n, 4 * n, 4 * n)
+    dist = strategy.experimental_distribute_dataset([np.ones((r, 3), np.float32) for r in rows])
+    for i, x in enumerate(dist):
+        t.lr = 0.05 if i == 2 else 0.1
+        t.train(x)
+    np.testing.assert_allclose(np.asarray(t.w), np.full(3, (0.8 + 0.4 + 0.2) * n), rtol=1e-6)
+
+
+@pytest.mark.parametrize("n", (2, 4, 8))
+def test_jit_of_run_takes_its_own_output_back(n):
+    """``f(f(w, x), x)`` under the user's `jax.jit`: the first output is replicated over
+    the replicas' mesh, and the step that closes over it (and differentiates it) runs."""
+    strategy = mirrored(n)
+
+    @jax.jit
+    def f(w, x):
+        g = strategy.run(lambda x: jax.grad(lambda v: jnp.sum(x @ v) * 2)(w), args=(x,))
+        return w + strategy.reduce("SUM", g, axis=None)
+
+    x = next(iter(strategy.experimental_distribute_dataset([np.ones((2 * n, 3), np.float32)])))
+    w = f(f(jnp.zeros(3), x), x)
+    np.testing.assert_allclose(np.asarray(w), np.full(3, 2 * 2 * 2.0 * n))
