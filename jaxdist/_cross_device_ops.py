@@ -100,11 +100,13 @@ def check_mirrored_sum(op: ReduceOp, value: Any) -> bool:
     )
 
 
-def check_plain_sum(op: ReduceOp, num_replicas: int) -> None:
-    """TF's rule for a non-distributed value: SUM over several replicas is ambiguous."""
+def check_plain_sum(op: ReduceOp, num_replicas: int, shown: str = "") -> None:
+    """TF's rule for a non-distributed value (``shown``: it, in words, for the message):
+    SUM over several replicas is ambiguous."""
     if op is ReduceOp.SUM and num_replicas > 1:
+        what = f" ({shown})" if shown else ""
         raise ValueError(
-            f"A non-distributed value cannot be reduced with SUM over {num_replicas} "
+            f"A non-distributed value{what} cannot be reduced with SUM over {num_replicas} "
             "replicas (it is the same on every replica). Pass a PerReplica value, or MEAN."
         )
 

@@ -204,8 +204,18 @@ def released(x: Any, replicas: Replicas) -> Any:
 
 
 def _reduce_plain(replicas: Replicas, op: ReduceOp, value: Any, axis: int | None) -> Any:
-    """A non-distributed value is the same on every replica (TF's semantics)."""
+    """A non-distributed value is the same on every replica (TF's semantics); a None as
+    well: MEAN gives it back, SUM over several replicas is TF's error, an axis a
+    `TypeError`."""
     n = replicas.num
+    if value is None:
+        if axis is not None:
+            raise TypeError(
+                f"strategy.reduce: a None in the value cannot be reduced along axis {axis}: "
+                "expected a distributed value or an array there."
+            )
+        check_plain_sum(op, n, "None")
+        return None
     x = as_array(value)
     if axis is None:
         if op is ReduceOp.SUM:

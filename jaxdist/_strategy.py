@@ -142,7 +142,8 @@ class Strategy:
         def one(v: Any) -> Any:
             return _reduce.released(_reduce.reduce_value(replicas, cdo, op, v, axis), replicas)
 
-        return jax.tree.map(one, value, is_leaf=is_distributed)
+        # a None in the structure is a value (TF reduces it as one), not an empty subtree
+        return jax.tree.map(one, value, is_leaf=lambda v: v is None or is_distributed(v))
 
     def gather(self, value: Any, axis: int) -> Any:
         """Concatenates the replicas' values along ``axis`` onto one device.

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import REPLICAS
+from conftest import REPLICAS, mirrored
 
 import jaxdist as jd
 
@@ -184,6 +184,35 @@ def test_non_distributed_values_on_every_path(n):
         assert (
             float(s.reduce("SUM", x, 0)) == ANSWERS["nondist.reduce_sum_axis0"]["result"]["value"]
         )
+
+
+@pytest.mark.parametrize("n", REPLICAS)
+def test_a_none_in_a_reduced_structure_is_a_value_like_tf(n):
+    """TF 2.21 (2 replicas), ``reduce`` of ``{"a": per_replica, "b": None}``: SUM raises
+    "A non-DistributedValues value None cannot be reduced with the given reduce op
+    ReduceOp.SUM", MEAN gives ``{"a": mean, "b": None}``, an axis raises a TypeError; a bare
+    None alike (SUM raises, MEAN gives None). One replica (TF's OneDeviceStrategy): SUM
+    gives the None back."""
+    s = mirrored(n)
+    v = s.run(
+        lambda: jnp.asarray([1.0, 2.0]) * (jd.get_replica_context().replica_id_in_sync_group + 1)
+    )
+    for reduce in (s.reduce, jax.jit(s.reduce, static_argnums=(0, 2))):
+        out = reduce("MEAN", {"a": v, "b": None}, None)
+        assert out["b"] is None
+        np.testing.assert_allclose(np.asarray(out["a"]), np.asarray([1.0, 2.0]) * (n + 1) / 2)
+        assert reduce("MEAN", None, None) is None
+        if n > 1:
+            for value in ({"a": v, "b": None}, (v, None), None):
+                with pytest.raises(ValueError, match=r"non-distributed value \(None\) cannot"):
+                    reduce("SUM", value, None)
+        else:
+            assert reduce("SUM", {"a": v, "b": None}, None)["b"] is None
+        for op in ("SUM", "MEAN"):
+            with pytest.raises(
+                TypeError, match="a None in the value cannot be reduced along axis 0"
+            ):
+                reduce(op, {"a": v, "b": None}, 0)
 
 
 @pytest.mark.parametrize(
