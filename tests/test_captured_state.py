@@ -258,6 +258,34 @@ def test_inside_jax_jit_closures_are_constants_as_in_jax_and_named(strategy):
     assert first(strategy, g()) == 3.0
 
 
+def test_inside_jax_jit_a_librarys_settings_are_not_named_the_users_numbers_are():
+    """The frozen-state warning names the Python numbers a program keeps (``self.lr`` on
+    its own class, a ``types.SimpleNamespace`` of settings) and not an installed
+    library's (a Keras optimizer's ``beta_1``; here a class of numpy's module), which
+    TF's ``tf.function`` bakes in as well: the Keras custom-loop recipe warns of nothing."""
+    import types
+
+    strategy = mirrored(2)
+    Library = type("Library", (), {"__module__": "numpy"})  # as if numpy defined it
+    lib, cfg = Library(), types.SimpleNamespace(scale=3.0)
+    lib.beta_1 = 0.9
+
+    class Trainer:
+        def __init__(self):
+            self.lr, self.lib, self.cfg = 0.5, lib, cfg
+
+        def step(self, x):
+            return x * self.lr * self.lib.beta_1 * self.cfg.scale
+
+    t = Trainer()
+    with pytest.warns(RuntimeWarning, match="traced inside your own jax.jit") as seen:
+        out = jax.jit(lambda x: strategy.run(t.step, args=(x,)))(jnp.float32(1.0))
+    message = str(seen[0].message)
+    assert "self.lr" in message and "self.cfg.scale" in message
+    assert "beta_1" not in message
+    np.testing.assert_allclose(first(strategy, out), 0.5 * 0.9 * 3.0, rtol=1e-6)
+
+
 def test_unchanged_captured_array_is_not_copied_again(strategy):
     big = {"w": jnp.ones((64, 64))}
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -86,7 +87,10 @@ def warn_frozen(fn: Callable, closed: Any) -> None:
         # baked in as well (not entries of a list or tuple: a log the step appends to)
         _chains.describe(fn, chain)
         for chain, value, how in _watch.watch(fn)
-        if how == "value" and type(value) in (int, float) and not _indexed(chain)
+        if how == "value"
+        and type(value) in (int, float)
+        and not _indexed(chain)
+        and not _library_held(fn, chain)
     ]
     if not found:
         return
@@ -108,3 +112,38 @@ def _indexed(chain: Any) -> bool:
     """Whether a chain ends at a position of a sequence (``traces[0]``, ``shape[1]``)."""
     kind, key = chain[-1]
     return kind in ("flat", "child", "stacked") or (kind == "item" and type(key) is int)
+
+
+def _library_held(fn: Callable, chain: Any) -> bool:
+    """Whether the number at ``chain`` belongs to an installed library's object (a Keras
+    optimizer's ``beta_1``, a metric's internals, a library function's default): the
+    object nearest the number on its chain that is not a built-in container is of a
+    module installed apart from the user's code (site-packages, jaxdist). Those are
+    settings, not state a program changes between steps; TF's ``tf.function`` bakes them
+    in too."""
+    for k in range(len(chain) - 1, 0, -1):
+        try:
+            holder = _chains.fetch(fn, chain[:k])
+        except _chains.Gone:
+            return False
+        if type(holder) not in (dict, list, tuple):
+            break
+    else:
+        return False
+    if isinstance(holder, types.ModuleType):
+        name = holder.__name__
+    elif isinstance(holder, (type, types.FunctionType)):
+        name = getattr(holder, "__module__", None) or ""
+    else:
+        name = type(holder).__module__
+    return _installed(name)
+
+
+def _installed(module_name: str) -> bool:
+    """Whether a module is an installed library's (or jaxdist's): not the user's code, nor
+    the standard library's containers a program keeps its settings in (an
+    ``argparse.Namespace``, a ``types.SimpleNamespace``)."""
+    path = getattr(sys.modules.get(module_name), "__file__", None) or ""
+    return any(part in path for part in ("site-packages", "dist-packages")) or path.startswith(
+        _HERE
+    )
