@@ -56,7 +56,15 @@ LOOPS = [
     ("custom_jaxdist", "custom", 1, R, {}),
     ("fit_one_device", "plain", 1, 1, {}),
 ]
-TINY = [("tiny_plain", "plain", 1, 1, {}), ("tiny_jaxdist_one_device", "jaxdist", 1, 1, {})]
+# two processes of each: one process against another of the same configuration differs by up
+# to 10% on this machine (the `tiny_plain_again` row: the noise floor), so the target reads the
+# two pairs pooled (`pooled`)
+TINY = [
+    ("tiny_plain", "plain", 1, 1, {}),
+    ("tiny_jaxdist_one_device", "jaxdist", 1, 1, {}),
+    ("tiny_plain_again", "plain", 1, 1, {}),
+    ("tiny_jaxdist_one_device_again", "jaxdist", 1, 1, {}),
+]
 # where dispatch, not compute, bounds a step (the tiny model on 8 devices, as on accelerators):
 # what steps_per_execution=k (k steps, one program) saves
 FUSED = [(f"fit_jaxdist_spe{k}", "jaxdist", k, R, {}) for k in (1, 4, 16)]
@@ -266,6 +274,19 @@ def group(kind, loops, rounds):
     return out
 
 
+def pooled(out, plain):
+    """The speed of the configurations not in ``plain`` against those in it: per round,
+    the sum of the ``plain`` processes' times over the sum of the others' (each
+    configuration run in two processes, so that no one process's luck decides), median
+    and range over the rounds."""
+    names = [n for n in out if n not in plain]
+    rounds = zip(*(out[n]["times"] for n in [*plain, *names]))
+    ratios = [sum(t[: len(plain)]) / sum(t[len(plain) :]) for t in rounds]
+    if not ratios or any(r != r for r in ratios):
+        return {"speed": float("nan"), "range": [float("nan"), float("nan")]}
+    return {"speed": statistics.median(ratios), "range": [min(ratios), max(ratios)]}
+
+
 def _rows(out, base):
     rows, summary = [], {}
     for name, r in out.items():
@@ -309,9 +330,16 @@ def main(quick=False):
         parts += [common.table(h, rows), ""]
     out = group("tiny", TINY, rounds)
     rows, results["tiny"] = _rows(out, "tiny_plain")
+    results["tiny"]["pooled"] = pooled(out, ["tiny_plain", "tiny_plain_again"])
     h = header[:2] + [header[2].format("tiny_plain"), header[3]]
     parts += [f"tiny Dense 16-16-4, batch 32, one CPU device, {rounds} rounds", ""]
     parts += [common.table(h, rows), ""]
+    p = results["tiny"]["pooled"]
+    parts += [
+        f"Pooled (both plain processes' time / both jaxdist processes', per round): "
+        f"{p['speed']:.2f} ({p['range'][0]:.2f}-{p['range'][1]:.2f})",
+        "",
+    ]
     out = group("tiny", FUSED, rounds)
     rows, results["tiny8"] = _rows(out, "fit_jaxdist_spe1")
     h = header[:2] + [header[2].format("fit_jaxdist_spe1"), header[3]]
@@ -365,8 +393,8 @@ def targets(results):
         row(f"{kind}: DataParallel time / fit time >= 1", speed and 1 / speed, speed and speed <= 1)
         first = dp and r["fit_jaxdist"]["first_epoch_s"] / dp["first_epoch_s"]
         row(f"{kind}: first epoch / DataParallel's <= 1.5", first, first and first <= 1.5)
-    tiny = results["tiny"]["tiny_jaxdist_one_device"].get("speed_vs_base")
-    row("tiny: one-device scope speed / plain Keras >= 0.95", tiny, tiny and tiny >= 0.95)
+    tiny = results["tiny"]["pooled"]["speed"]
+    row("tiny: one-device scope speed / plain Keras (pooled) >= 0.97", tiny, tiny >= 0.97)
     fused = results["tiny8"]["fit_jaxdist_spe16"].get("speed_vs_base")
     row("tiny, 8 devices: steps_per_execution=16 speed-up > 1", fused, fused and fused > 1)
     return rows

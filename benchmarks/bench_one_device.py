@@ -25,8 +25,10 @@ os.environ["XLA_FLAGS"] = " ".join(
 )
 from benchmarks import common
 
+import contextlib
 import importlib
 import statistics
+import time
 import timeit
 
 import jax
@@ -175,11 +177,64 @@ def phases(s):
     ]  # fmt: skip
 
 
+def keras_fit(s, rounds=10):
+    """Row 4 in one process: Keras `fit` of the tiny model (Dense 16-16-4, batch 32, 1,500
+    steps an epoch) in ``s``'s scope against plain Keras, two models of each (one model
+    against another of the same kind differs by up to 3% here, and one process against
+    another by up to 10%: `benchmarks.bench_keras`'s ``tiny_plain_again`` row), epochs
+    in a rotating order. Per round: the two plain models' time over the two scope models'
+    (``speed``), and one plain model's over the other's (``same``: the noise floor);
+    medians and ranges over the rounds. None without Keras."""
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    try:
+        import keras
+    except ImportError:
+        return None
+    from benchmarks import bench_keras as bk
+
+    x, y, batch = bk._data("tiny", 5 * bk.TINY_STEPS, np)  # epochs of about half a second
+
+    def fit(model):
+        t = time.perf_counter()
+        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+        return time.perf_counter() - t
+
+    models = []
+    for scope in (None, s, None, s):  # plain, scope, plain again, scope again
+        with s.scope() if scope is not None else contextlib.nullcontext():
+            model = bk._model("tiny", keras)
+            bk._compile(model, keras, 1)
+        fit(model)  # compiled
+        models.append(model)
+    speed, same = [], []
+    for r in range(rounds):
+        t = [0.0] * 4
+        for i in [(r + k) % 4 for k in range(4)]:
+            t[i] = fit(models[i])
+        speed.append((t[0] + t[2]) / (t[1] + t[3]))
+        same.append(t[0] / t[2])
+    return {
+        "speed": statistics.median(speed),
+        "range": (min(speed), max(speed)),
+        "same": statistics.median(same),
+        "same_range": (min(same), max(same)),
+    }
+
+
 def main(rounds=9):
     s = jd.MirroredStrategy([jax.devices()[0]])
     out, data = rows(s, rounds)
     header = ["step (1 CPU device)", "eager run µs", "raw jax.jit µs", f"ratio, median of {rounds} rounds (range)"]  # fmt: skip
     md = common.table(header, out)
+    fit = keras_fit(s)
+    if fit is not None:
+        data["keras_fit"] = fit
+        (lo, hi), (a, b) = fit["range"], fit["same_range"]
+        md += (
+            "\n\nKeras `fit` of the tiny model in a one-device scope, speed / plain Keras's "
+            f"(two models of each, one process, median of 10 rounds of 1,500 steps): {fit['speed']:.2f} "
+            f"({lo:.2f}-{hi:.2f}); one plain model / the other: {fit['same']:.2f} ({a:.2f}-{b:.2f})"
+        )
     split = phases(s) if hasattr(ONE, "Plan") else []  # (a jaxdist before the fast path)
     data["phases_us"] = dict(split)
     md += "\n\n" + common.table(

@@ -33,10 +33,10 @@ def host_split(batch: Any, n: int, device: Any = None) -> tuple[Any, int] | None
     its number of rows; None unless every leaf is a NumPy array (or, with one replica, an
     array on its ``device``; or an array on one CPU device, read back as NumPy) of numbers with
     the same number of rows, divisible by ``n``."""
-    if n == 1 and type(batch) is tuple and batch and _numpy_rows(batch):
+    if n == 1 and type(batch) is tuple and batch and numpy_rows(batch):
         return batch, batch[0].shape[0]  # Keras' own (x, y[, sample_weight]): as it is
     leaves, treedef = jax.tree.flatten(batch)
-    if n == 1 and leaves and _numpy_rows(leaves):  # one replica, NumPy leaves: as they are
+    if n == 1 and leaves and numpy_rows(leaves):  # one replica, NumPy leaves: as they are
         return batch, leaves[0].shape[0]
     rows = {int(np.shape(x)[0]) if np.ndim(x) else -1 for x in leaves}
     b = rows.pop() if len(rows) == 1 else -1
@@ -55,10 +55,15 @@ def host_split(batch: Any, n: int, device: Any = None) -> tuple[Any, int] | None
     return jax.tree.unflatten(treedef, out), b
 
 
-def _numpy_rows(leaves: Sequence) -> bool:
+def numpy_rows(leaves: Sequence) -> bool:
     """Whether ``leaves`` are NumPy arrays of numbers with the same (non-zero) number of rows
     (a one-replica batch `host_split` passes as it is; Keras' own tuples are checked without
-    a tree flatten: it runs on every step)."""
+    a tree flatten: it runs on every step).
+
+    >>> import numpy as np
+    >>> numpy_rows((np.ones((4, 2)), np.zeros(4))), numpy_rows((np.ones((4, 2)), np.zeros(3)))
+    (True, False)
+    """
     b = leaves[0].shape[0] if type(leaves[0]) is np.ndarray and leaves[0].ndim else 0
     for x in leaves:
         if (

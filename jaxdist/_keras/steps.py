@@ -60,7 +60,7 @@ import numpy as np
 from jaxdist import _inflight
 from jaxdist._default import get_replica_context
 from jaxdist._input.place import Placer
-from jaxdist._keras.fused import host_split, same_shapes, scan_steps
+from jaxdist._keras.fused import host_split, numpy_rows, same_shapes, scan_steps
 from jaxdist._keras.replica import Layout, test_replica, train_replica
 from jaxdist._layout import rows_as_replicated
 from jaxdist._options import InputOptions
@@ -142,6 +142,8 @@ class StepFunction:
             self._fast = jax.jit(self._fast_program, donate_argnums=(0, 1), in_shardings=shardings)
         else:  # the direct one-replica program (no in_shardings: JAX's quickest dispatch)
             self._fast = jax.jit(self._one_program, donate_argnums=0)
+        # `__call__`'s shortest path: one replica in this process, Keras' NumPy batches
+        self._direct = self._n == 1 and self._host_ok
 
     def model(self) -> Any:
         model = self.model_ref()
@@ -151,15 +153,20 @@ class StepFunction:
 
     def __call__(self, state: Any, iterator: Any) -> tuple[Any, Any]:
         k = max(1, int(self.model().steps_per_execution))
+        if k == 1 and self._direct and not _WHOLE_BATCH.get():  # one replica, one step
+            batch = next(iterator)
+            if type(batch) is tuple and batch and numpy_rows(batch):  # Keras' own (x, y)
+                if state is not self._returned:
+                    state = self._own(state)
+                outputs, state = self._fast(state, (batch,))
+                self._returned = state
+                return outputs, state
+            return self._step_on(state, batch)
         if _WHOLE_BATCH.get() or not self._host_ok:
             with self.strategy.scope():
                 return self._placed_steps(state, iterator, k)
         if k == 1:  # the common case, with no lists of batches and outputs
-            batch = next(iterator)
-            x = host_split(batch, self._n, self._device)
-            if x is not None:
-                return self._run_fast(state, (x[0],))
-            return self._one(state, self._placer.split(batch, "the Keras batch"))
+            return self._step_on(state, next(iterator))
         batches = []
         for i in range(k):
             try:
@@ -181,6 +188,14 @@ class StepFunction:
                 out, state = self._one(state, self._placer.split(batch, "the Keras batch"))
             outputs.append(out)
         return self._last(outputs), state
+
+    def _step_on(self, state: Any, batch: Any) -> tuple[Any, Any]:
+        """One step on ``batch``: as it is, or split on the host (`host_split`), else
+        placed by the strategy (a partial batch, leaves the host split does not take)."""
+        x = host_split(batch, self._n, self._device)
+        if x is not None:
+            return self._run_fast(state, (x[0],))
+        return self._one(state, self._placer.split(batch, "the Keras batch"))
 
     def _placed_steps(self, state: Any, iterator: Any, k: int) -> tuple[Any, Any]:
         """Steps on batches the strategy places (whole batches; several processes)."""
