@@ -97,7 +97,11 @@ class _Call:
             raise RuntimeError(
                 f"The jd.function {describe(self._fn)} read a distributed iterator that is "
                 "neither one of its arguments nor in its state (its object, closure or "
-                "globals), so later calls could not read it again: pass it as an argument."
+                "globals), so later calls could not read it again: an iterator made inside "
+                "the function (`for x in dataset` over a distributed dataset, "
+                "`iter(dataset)`) is a new one on every call. Pass the iterator as an "
+                "argument (it = iter(dist_dataset); fn(it), with `for x in it` or `next(it)` "
+                "inside), or loop over the dataset outside and pass each batch."
             )
         return ("chain", chain, ())
 

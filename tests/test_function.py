@@ -495,3 +495,61 @@ def test_jit_of_run_takes_its_own_output_back(n):
     x = next(iter(strategy.experimental_distribute_dataset([np.ones((2 * n, 3), np.float32)])))
     w = f(f(jnp.zeros(3), x), x)
     np.testing.assert_allclose(np.asarray(w), np.full(3, 2 * 2 * 2.0 * n))
+
+
+@pytest.mark.parametrize("n", (1, 2))
+def test_appending_a_computed_value_to_a_list_is_an_error_naming_the_list(n):
+    """``self.history.append(loss)`` inside a `jd.function` (TF runs it once, at the trace):
+    a `RuntimeError` naming ``self.history`` and the fix, the list left as it was (was
+    jaxdist's internal ``NotAPlace`` with an ``IndexError``'s text on every call); a dict
+    entry the function assigns is written back."""
+    strategy = mirrored(n)
+
+    class Trainer:
+        def __init__(self):
+            self.w, self.history, self.metrics = jnp.ones(2), [], {}
+
+        @jd.function
+        def step(self, x):
+            loss = strategy.reduce("SUM", strategy.run(lambda x: jnp.sum(self.w * x), (x,)), None)
+            self.history.append(loss)
+            return loss
+
+        @jd.function
+        def logged(self, x):
+            self.metrics["loss"] = jnp.sum(self.w * x)
+            return self.metrics["loss"]
+
+    t = Trainer()
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match=r"appended a value it computed to self\.history"):
+            t.step(jnp.ones(2))
+    assert t.history == []
+    assert float(t.logged(jnp.full(2, 3.0))) == 6.0 and float(t.metrics["loss"]) == 6.0
+
+
+def test_an_iterator_argument_is_read_inside_and_a_dataset_loop_says_what_to_pass():
+    """``next(it)`` and ``for x in it`` inside a `jd.function` read an iterator argument's
+    elements on each call; ``for x in dist_dataset`` inside is a `RuntimeError` telling to
+    pass ``iter(dist_dataset)`` (it told to pass the dataset, which was passed)."""
+    strategy = mirrored(2)
+    batches = [np.full((4, 2), float(i), np.float32) for i in range(4)]
+    dist = strategy.experimental_distribute_dataset(batches)
+    total_of = lambda x: strategy.reduce("SUM", strategy.run(jnp.sum, (x,)), None)  # noqa: E731
+
+    @jd.function
+    def one(it):
+        return total_of(next(it))
+
+    @jd.function
+    def total(it):
+        t = 0.0
+        for x in it:
+            t = t + total_of(x)
+        return t
+
+    it = iter(dist)
+    assert [float(one(it)) for _ in range(3)] == [0.0, 8.0, 16.0]
+    assert float(total(iter(dist))) == 8.0 * (0 + 1 + 2 + 3)
+    with pytest.raises(RuntimeError, match=r"for x in dataset.*iter\(dist_dataset\)"):
+        total(dist)

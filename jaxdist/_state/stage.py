@@ -257,6 +257,7 @@ class Staged(Calls):
         trace = _jax_internals.current_trace()
         ours = lambda x: isinstance(x, jax.core.Tracer) and getattr(x, "_trace", trace) is trace  # noqa: E731
         places = _assign.assigned(fn, before, ours, skip)
+        _refuse_appends(fn, places)
         out: list = []
         for chain, _, new in places:
             leaves, treedef = jax.tree.flatten(new)
@@ -312,3 +313,30 @@ class Staged(Calls):
             ],
             "checked": [_checks.shown(fn, w) for w in self._watched],
         }
+
+
+def _refuse_appends(fn: Callable, places: list) -> None:
+    """Raises (the state put back first) where the trace appended a traced value to a list
+    of the state (``self.history.append(loss)``): a list's growth is not an assignment a
+    ``jd.function`` can repeat on every call, and TF's ``tf.function`` runs such an append
+    once, when it traces."""
+    grown = []
+    for chain, old, _ in places:
+        if old is _assign.MISSING and chain[-1][0] == "item":
+            try:
+                if type(_chains.fetch(fn, chain[:-1])) is list:
+                    grown.append(chain)
+            except _chains.Gone:
+                continue
+    if not grown:
+        return
+    _assign.restore(fn, [(chain, old) for chain, old, _ in places])
+    where = _chains.describe(fn, grown[0][:-1])
+    raise RuntimeError(
+        f"The jd.function {describe(fn)} appended a value it computed to {where} (a list) "
+        "while it was traced: a jd.function writes back what it assigns, and a list's growth "
+        "is not an assignment it can repeat on every call (TF's tf.function runs such an "
+        "append once, when it traces). Return the value and append it outside the "
+        f"jd.function (value = step(x); {where}.append(value)), or keep it in a dict entry "
+        "or an attribute the function assigns."
+    )
