@@ -78,7 +78,7 @@ ACCEL_TINY = [(f"{name}_spe{k}", how, k, 0, {}) for name, how, _, _, _ in ACCEL 
 # -- the worker: one configuration, one process ---------------------------------------------
 
 
-def _model(kind, keras):
+def build_model(kind, keras):
     L = keras.layers
     if kind == "mlp":
         layers = [keras.Input((784,)), L.Dense(512, activation="relu"), L.Dense(512, "relu")]
@@ -93,7 +93,7 @@ def _model(kind, keras):
     return model
 
 
-def _compile(model, keras, spe):
+def compile_model(model, keras, spe):
     model.compile(
         optimizer=keras.optimizers.SGD(0.1),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -101,7 +101,7 @@ def _compile(model, keras, spe):
     )
 
 
-def _data(kind, steps, np):
+def fit_data(kind, steps, np):
     rng = np.random.default_rng(0)
     shape = {"mlp": (784,), "conv": (28, 28, 1), "tiny": (16,)}[kind]
     batch = TINY_BATCH if kind == "tiny" else BATCH
@@ -118,20 +118,20 @@ def _fit_epoch(kind, how, spe, devices):
         import jaxdist as jd  # before Keras starts JAX: jaxdist sizes XLA's CPU pool
     import keras
 
-    x, y, batch = _data(kind, _steps(kind, devices), np)
+    x, y, batch = fit_data(kind, _steps(kind, devices), np)
     if how == "jaxdist":  # devices=0: every device jax.devices() gives (--accelerator)
         strategy = jd.MirroredStrategy([f"/cpu:{i}" for i in range(devices)] or None)
         with strategy.scope():
-            model = _model(kind, keras)
-            _compile(model, keras, spe)
+            model = build_model(kind, keras)
+            compile_model(model, keras, spe)
     else:
         if how == "keras_dp":  # Keras' docs: the distribution set before building and fitting
             import jax
 
             dp = keras.distribution.DataParallel(devices=jax.devices()[:devices])
             keras.distribution.set_distribution(dp)
-        model = _model(kind, keras)
-        _compile(model, keras, spe)
+        model = build_model(kind, keras)
+        compile_model(model, keras, spe)
 
     def epoch():
         model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
@@ -150,10 +150,10 @@ def _custom_epoch(kind, devices):
     import numpy as np
 
     # isort: on
-    x, y, batch = _data(kind, MODELS[kind], np)
+    x, y, batch = fit_data(kind, MODELS[kind], np)
     strategy = jd.MirroredStrategy([f"/cpu:{i}" for i in range(devices)])
     with strategy.scope():
-        model = _model(kind, keras)
+        model = build_model(kind, keras)
         optimizer = keras.optimizers.SGD(0.1)
         optimizer.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)

@@ -192,7 +192,7 @@ def keras_fit(s, rounds=10):
         return None
     from benchmarks import bench_keras as bk
 
-    x, y, batch = bk._data("tiny", 5 * bk.TINY_STEPS, np)  # epochs of about half a second
+    x, y, batch = bk.fit_data("tiny", 5 * bk.TINY_STEPS, np)  # epochs of about half a second
 
     def fit(model):
         t = time.perf_counter()
@@ -202,8 +202,8 @@ def keras_fit(s, rounds=10):
     models = []
     for scope in (None, s, None, s):  # plain, scope, plain again, scope again
         with s.scope() if scope is not None else contextlib.nullcontext():
-            model = bk._model("tiny", keras)
-            bk._compile(model, keras, 1)
+            model = bk.build_model("tiny", keras)
+            bk.compile_model(model, keras, 1)
         fit(model)  # compiled
         models.append(model)
     speed, same = [], []
