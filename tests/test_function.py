@@ -4,6 +4,7 @@ Expected values come from the replica count or from the same training written ou
 on one device; compile counts from the function's own `experimental_get_tracing_count`.
 """
 
+import collections
 import gc
 import os
 import tracemalloc
@@ -525,6 +526,10 @@ def test_appending_a_computed_value_to_a_list_is_an_error_naming_the_list(n):
         with pytest.raises(RuntimeError, match=r"appended a value it computed to self\.history"):
             t.step(jnp.ones(2))
     assert t.history == []
+    t.history = collections.deque()  # a deque alike (its index past the end is no place)
+    with pytest.raises(RuntimeError, match=r"to self\.history \(a deque\)"):
+        t.step(jnp.ones(2))
+    assert len(t.history) == 0
     assert float(t.logged(jnp.full(2, 3.0))) == 6.0 and float(t.metrics["loss"]) == 6.0
 
 

@@ -156,11 +156,7 @@ class StepFunction:
         if k == 1 and self._direct and not _WHOLE_BATCH.get():  # one replica, one step
             batch = next(iterator)
             if type(batch) is tuple and batch and numpy_rows(batch):  # Keras' own (x, y)
-                if state is not self._returned:
-                    state = self._own(state)
-                outputs, state = self._fast(state, (batch,))
-                self._returned = state
-                return outputs, state
+                return self._run_fast(state, (batch,))
             return self._step_on(state, batch)
         if _WHOLE_BATCH.get() or not self._host_ok:
             with self.strategy.scope():

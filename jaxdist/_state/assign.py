@@ -177,6 +177,9 @@ def restore(fn: Callable, undo: list[tuple[Chain, Any]]) -> None:
             dict.pop(parent, key, None)
         elif kind == "item" and isinstance(parent, list):
             del parent[key:]
+        elif kind == "item" and isinstance(parent, collections.deque):
+            while len(parent) > key:  # (a deque takes no slice)
+                parent.pop()
         elif kind == "global":
             parent.__globals__.pop(key, None)
 

@@ -22,6 +22,7 @@ NumPy array computed from NumPy state a warning.
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -324,16 +325,18 @@ def _refuse_appends(fn: Callable, places: list) -> None:
     for chain, old, _ in places:
         if old is _assign.MISSING and chain[-1][0] == "item":
             try:
-                if type(_chains.fetch(fn, chain[:-1])) is list:
-                    grown.append(chain)
+                kind = type(_chains.fetch(fn, chain[:-1]))
             except _chains.Gone:
                 continue
+            if kind in (list, collections.deque):
+                grown.append((chain, kind.__name__))
     if not grown:
         return
     _assign.restore(fn, [(chain, old) for chain, old, _ in places])
-    where = _chains.describe(fn, grown[0][:-1])
+    where, kind_name = _chains.describe(fn, grown[0][0][:-1]), grown[0][1]
     raise RuntimeError(
-        f"The jd.function {describe(fn)} appended a value it computed to {where} (a list) "
+        f"The jd.function {describe(fn)} appended a value it computed to {where} (a "
+        f"{kind_name}) "
         "while it was traced: a jd.function writes back what it assigns, and a list's growth "
         "is not an assignment it can repeat on every call (TF's tf.function runs such an "
         "append once, when it traces). Return the value and append it outside the "
