@@ -530,8 +530,10 @@ def test_bad_datasets_raise_before_iterating():
         s.experimental_distribute_dataset({"x": np.arange(4)})
     with pytest.raises(TypeError, match="got str"):
         s.experimental_distribute_dataset("data")
+    with pytest.raises(TypeError, match=r"not one array .* shape \(4,\)"):
+        s.experimental_distribute_dataset(np.arange(4))  # one array: its rows are no batches
     with pytest.raises(ValueError, match="leaf 0 is a scalar"):
-        s.experimental_distribute_dataset(np.arange(4))  # unbatched: rows are scalars
+        s.experimental_distribute_dataset(list(np.arange(4)))  # unbatched: scalars
     with pytest.raises(ValueError, match=r"same leading \(batch\) size; got sizes \[4, 3\]"):
         s.experimental_distribute_dataset([(np.arange(4), np.arange(3))])
     with pytest.raises(TypeError, match="options must be a jaxdist.InputOptions"):

@@ -45,7 +45,18 @@ def _is_iterable(dataset: Any) -> bool:
 
 
 def check_dataset(dataset: Any, what: str) -> None:
-    """Raises `TypeError` unless ``dataset`` is an iterable of batches."""
+    """Raises `TypeError` unless ``dataset`` is an iterable of batches (one array is not:
+    TF refuses it, and iterating it would take each row for a batch)."""
+    if hasattr(type(dataset), "__array__") and hasattr(dataset, "shape"):  # NumPy, JAX, ...
+        kind = {np.ndarray: "NumPy array", jax.Array: "jax.Array"}
+        name = next((k for t, k in kind.items() if isinstance(dataset, t)), type(dataset).__name__)
+        raise TypeError(
+            f"{what} must be an iterable of batches, not one array (each of its rows would be "
+            f"taken for a batch); got a {name} of shape {tuple(dataset.shape)}. Pass a list "
+            "of batches: [x] for one batch, [x[i:i + B] for i in range(0, len(x), B)], "
+            "[(x, y)] for features and labels; or jaxdist.NumpyDataset(x).batch(B), or a "
+            "tf.data.Dataset."
+        )
     if isinstance(dataset, (str, bytes, Mapping)) or not _is_iterable(dataset):
         raise TypeError(
             f"{what} must be an iterable of batches (a list of arrays or of dict/tuple nests "

@@ -1,0 +1,56 @@
+"""A porter's first hour: traps that were silent (or worded for someone else) are loud, and the
+docs' advice is what jaxdist does.
+
+Expected values come from the replica count and from one device's arithmetic, and TF's
+behaviour from its recorded answers (tests/tf_oracle), never from jaxdist's own output.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import mirrored
+
+import jaxdist as jd
+
+# -- a bare array is not a dataset ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [np.ones, jnp.ones], ids=["numpy", "jax"])
+def test_a_bare_array_given_as_the_dataset_is_a_type_error(strategy, make):
+    x = make((64, 3), np.float32)
+    with pytest.raises(TypeError) as info:
+        strategy.experimental_distribute_dataset(x)
+    text = str(info.value)
+    assert text.startswith("dataset must be an iterable of batches, not one array")
+    assert "of shape (64, 3)" in text and "[x]" in text and "NumpyDataset(x).batch(B)" in text
+
+
+def test_a_bare_array_from_dataset_fn_is_a_type_error():
+    s = mirrored(2)
+    for dataset_fn in (lambda ctx: np.ones((8, 3)), lambda ctx: lambda: np.ones((8, 3))):
+        with pytest.raises(TypeError, match=r"not one array .* shape \(8, 3\)"):
+            s.distribute_datasets_from_function(dataset_fn)
+
+
+def test_what_the_array_error_advises_works(strategy):
+    """``[x]`` is one global batch, ``NumpyDataset(x).batch(B)`` batches of B: every row once."""
+    n = strategy.num_replicas_in_sync
+    x = np.arange(64.0 * 3, dtype=np.float32).reshape(64, 3)
+    (one,) = list(strategy.experimental_distribute_dataset([x]))
+    assert [p.shape for p in strategy.experimental_local_results(one)] == [(64 // n, 3)] * n
+    steps = list(strategy.experimental_distribute_dataset(jd.NumpyDataset(x).batch(16)))
+    assert len(steps) == 4
+    got = np.concatenate([np.concatenate(strategy.experimental_local_results(b)) for b in steps])
+    np.testing.assert_array_equal(got, x)
+
+
+def test_datasets_that_are_not_arrays_still_pass():
+    """A list, a generator function, a `NumpyDataset` and unbatched scalars from a dataset_fn."""
+    s = mirrored(2)
+    assert len(list(s.experimental_distribute_dataset([np.ones(4)] * 3))) == 3
+    assert len(list(s.experimental_distribute_dataset(lambda: iter([np.ones(4)] * 2)))) == 2
+    assert len(list(s.experimental_distribute_dataset(jd.NumpyDataset(np.ones(8)).batch(4)))) == 2
+    scalars = list(
+        s.distribute_datasets_from_function(lambda ctx: [np.float32(i) for i in range(4)])
+    )
+    assert len(scalars) == 2
