@@ -30,6 +30,8 @@ from jaxdist._value_trees import ValueContext
 class _DefaultStrategy(StrategyV1):
     """The strategy in effect outside any scope: one replica, ``fn`` called as it is."""
 
+    _is_default = True
+
     def scope(self) -> Any:
         """A no-op scope: the default strategy never becomes "current" (as in TF)."""
         return contextlib.nullcontext(self)

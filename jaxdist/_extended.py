@@ -140,7 +140,9 @@ class StrategyExtended:
         """
         _context.require_cross_replica(self._strategy, "strategy.extended.reduce_to")
         op = parse_reduce_op(reduce_op)
-        check_components(value, self._replicas, "strategy.extended.reduce_to")
+        check_components(
+            value, self._replicas, "strategy.extended.reduce_to", self._kind == DEFAULT
+        )
         devices = destination_devices(destinations)
         if not is_distributed(value):
             check_plain_sum(op, self._replicas.num)
@@ -159,7 +161,9 @@ class StrategyExtended:
         op = parse_reduce_op(reduce_op)
         pairs = check_pairs(value_destination_pairs)
         for value, _ in pairs:
-            check_components(value, self._replicas, "strategy.extended.batch_reduce_to")
+            check_components(
+                value, self._replicas, "strategy.extended.batch_reduce_to", self._kind == DEFAULT
+            )
         cdo = self._cross_device_ops
         if isinstance(cdo, ReductionToOneDevice) and cdo.accumulation_fn is not None:
             ints = {is_int32(v) for v, _ in pairs}

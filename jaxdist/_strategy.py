@@ -36,6 +36,8 @@ class Strategy:
     (True, 2)
     """
 
+    _is_default = False  # the default strategy's (no scope active): its errors say so
+
     def __init__(self, extended: StrategyExtended) -> None:
         self._extended = extended
 
@@ -137,7 +139,7 @@ class Strategy:
         op = parse_reduce_op(reduce_op)
         check_axis(axis, "axis", allow_none=True)
         replicas, cdo = self._extended.replicas, self._extended.cross_device_ops
-        check_components(value, replicas, "strategy.reduce")
+        check_components(value, replicas, "strategy.reduce", self._is_default)
 
         def one(v: Any) -> Any:
             return _reduce.released(_reduce.reduce_value(replicas, cdo, op, v, axis), replicas)
@@ -158,7 +160,7 @@ class Strategy:
         _context.require_cross_replica(self, "strategy.gather")
         check_axis(axis, "axis")
         replicas = self._extended.replicas
-        check_components(value, replicas, "strategy.gather")
+        check_components(value, replicas, "strategy.gather", self._is_default)
 
         def one(v: Any) -> Any:
             return _reduce.released(_reduce.gather_value(replicas, v, axis), replicas)
@@ -176,7 +178,9 @@ class Strategy:
         >>> s.experimental_local_results(3), s.experimental_local_results({"a": 1.0})
         ((3,), ({'a': 1.0}, {'a': 1.0}))
         """
-        check_components(value, self._extended.replicas, "experimental_local_results")
+        check_components(
+            value, self._extended.replicas, "experimental_local_results", self._is_default
+        )
         return _reduce.local_results(value, len(self._extended.replicas.local))
 
     def experimental_distribute_values_from_function(

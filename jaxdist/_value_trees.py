@@ -24,12 +24,13 @@ from jaxdist._value_layout import num_components
 from jaxdist._values import from_padded, from_parts, from_shaped, from_stacked, is_distributed
 
 
-def check_components(value: Any, replicas: Replicas, what: str) -> None:
+def check_components(value: Any, replicas: Replicas, what: str, default: bool = False) -> None:
     """One rule for every method: a distributed value has one component per replica.
 
     (A multi-process value may hold this process's replicas only.) TF has no one
     rule: its ``reduce`` sums whatever components there are, its ``gather`` and
-    ``run`` fail with an ``IndexError``.
+    ``run`` fail with an ``IndexError``. ``default``: the method is the default
+    strategy's (no scope active), which the message then says, with the fix.
 
     Raises:
         ValueError: a distributed leaf of ``value`` has another number of components.
@@ -40,6 +41,14 @@ def check_components(value: Any, replicas: Replicas, what: str) -> None:
         n = num_components(leaf)
         if n != replicas.num and not (replicas.multi_process and n == len(replicas.local)):
             where = "" if is_distributed(value) else f" (leaf {i})"
+            if default:
+                raise ValueError(
+                    f"{what}: no strategy scope is active, so this is the default strategy "
+                    f"(1 replica), but the {type(leaf).__name__}{where} has {n} components: "
+                    f"a strategy with {n} replicas made it. Call {what} of the strategy that "
+                    "made the value, or call it inside `with strategy.scope():` (where "
+                    "jd.get_strategy() is that strategy)."
+                )
             raise ValueError(
                 f"{what}: the {type(leaf).__name__}{where} has {n} components, but the strategy "
                 f"has {replicas.num} replicas. A distributed value belongs to a strategy with "

@@ -12,6 +12,14 @@ from conftest import mirrored
 
 import jaxdist as jd
 
+
+def ids(strategy):
+    """A `PerReplica` holding each replica's id as a float32 scalar."""
+    return strategy.experimental_distribute_values_from_function(
+        lambda ctx: jnp.float32(ctx.replica_id_in_sync_group)
+    )
+
+
 # -- a bare array is not a dataset ---------------------------------------------------------
 
 
@@ -54,3 +62,34 @@ def test_datasets_that_are_not_arrays_still_pass():
         s.distribute_datasets_from_function(lambda ctx: [np.float32(i) for i in range(4)])
     )
     assert len(scalars) == 2
+
+
+# -- the default strategy's reduce of another strategy's value -------------------------------
+
+
+def test_default_strategy_reduce_of_a_distributed_value_says_no_scope_is_active():
+    s = mirrored(8)
+    v = ids(s)
+    calls = {
+        "strategy.reduce": lambda: jd.get_strategy().reduce("SUM", v, axis=None),
+        "strategy.gather": lambda: jd.get_strategy().gather(v, axis=0),
+        "strategy.extended.reduce_to": lambda: jd.get_strategy().extended.reduce_to(
+            "SUM", v, "/cpu:0"
+        ),
+    }
+    for what, call in calls.items():
+        with pytest.raises(ValueError) as info:
+            call()
+        text = str(info.value)
+        assert text.startswith(f"{what}: no strategy scope is active"), text
+        assert "default strategy" in text and "has 8 components" in text
+        assert "with strategy.scope():" in text
+    with s.scope():  # the fix the message gives
+        assert float(jd.get_strategy().reduce("SUM", v, axis=None)) == sum(range(8))
+    assert float(s.reduce("SUM", v, axis=None)) == sum(range(8))
+
+
+def test_another_strategys_mismatch_keeps_its_own_message():
+    v = ids(mirrored(8))
+    with pytest.raises(ValueError, match="has 8 components, but the strategy has 2 replicas"):
+        mirrored(2).reduce("SUM", v, axis=None)
