@@ -166,17 +166,26 @@ def _check_components(cls: str, values: Sequence[Any]) -> None:
 
 
 def _scalar_error(name: str) -> Callable:
-    """``float(v)``, ``int(v)`` of a `PerReplica`: TF's `TypeError`, naming the fix.
+    """``float(v)``, ``int(v)``, ``f"{v:.4f}"`` of a distributed value: TF's `TypeError` (a
+    `Mirrored`'s too: tests/tf_oracle), naming the fix; ``f"{v}"`` is ``str(v)``, ``bool(v)``
+    True (as in TF)."""
 
-    (``bool(v)`` stays True, as in TF: TF's recorded answers, tests/tf_oracle.)
-    """
-
-    def method(self: Any) -> Any:
+    def method(self: Any, *spec: str) -> Any:
+        if spec == ("",):
+            return str(self)
+        pre, post = ("f'{", ":" + spec[0] + "}'") if spec else (f"{name}(", ")")
+        head = f"format(value, {spec[0]!r})" if spec else f"{name}()"
+        local = f"{pre}strategy.experimental_local_results(value)[0]{post}"
+        if isinstance(self, Mirrored):
+            raise TypeError(
+                f"{head} of a Mirrored: a distributed value is not a Python number (as in TF), "
+                "though every replica holds the same value. Read it as an array first: "
+                f"{pre}jnp.asarray(value){post}, or {local}."
+            )
+        reduce = f'{pre}strategy.reduce("SUM", value, axis=None){post}'
         raise TypeError(
-            f"{name}() of a PerReplica: it holds one value per replica, not one "
-            f'number. Combine the replicas first: {name}(strategy.reduce("SUM", value, '
-            f'axis=None)) (or "MEAN"), or read one replica: '
-            f"{name}(strategy.experimental_local_results(value)[0])."
+            f"{head} of a PerReplica: it holds one value per replica, not one number. Combine "
+            f'the replicas first: {reduce} (or "MEAN"), or read one replica: {local}.'
         )
 
     return method
@@ -213,6 +222,7 @@ class PerReplica(DistributedValues):
     __jax_array__ = _distributed_error("jnp.asarray")
     __float__ = _scalar_error("float")
     __int__ = _scalar_error("int")
+    __format__ = _scalar_error("format")
 
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False, init=False)
@@ -222,7 +232,7 @@ class Mirrored(DistributedValues):
     Where an array is expected it stands for its local (first) replica's
     component, as TF's Mirrored values do: ``m + 1``, ``jnp.asarray(m)``,
     ``np.asarray(m)``, ``m.shape`` and `jax.numpy` functions read that component.
-    As in TF, ``float(m)`` and ``len(m)`` are errors (use ``float(jnp.asarray(m))``).
+    As in TF, ``float(m)``, ``f"{m:.4f}"`` and ``len(m)`` are errors (``float(jnp.asarray(m))``).
 
     >>> import jax.numpy as jnp, jaxdist as jd
     >>> m = jd.Mirrored((jnp.asarray(2.0), jnp.asarray(2.0)))
@@ -242,6 +252,10 @@ class Mirrored(DistributedValues):
         if not isinstance(local, jax.core.Tracer):  # never keep a tracer
             self.__dict__["local"] = local
         return local
+
+    __float__ = _scalar_error("float")
+    __int__ = _scalar_error("int")
+    __format__ = _scalar_error("format")
 
     def __jax_array__(self) -> Any:
         return self.__jaxdist_local__()

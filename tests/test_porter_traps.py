@@ -5,12 +5,18 @@ Expected values come from the replica count and from one device's arithmetic, an
 behaviour from its recorded answers (tests/tf_oracle), never from jaxdist's own output.
 """
 
+import json
+import pathlib
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import mirrored
 
 import jaxdist as jd
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+ANSWERS = json.loads((ROOT / "tests" / "tf_oracle" / "answers.json").read_text())
 
 
 def ids(strategy):
@@ -93,3 +99,42 @@ def test_another_strategys_mismatch_keeps_its_own_message():
     v = ids(mirrored(8))
     with pytest.raises(ValueError, match="has 8 components, but the strategy has 2 replicas"):
         mirrored(2).reduce("SUM", v, axis=None)
+
+
+# -- float() and format() of distributed values ----------------------------------------------
+
+
+def test_format_of_a_per_replica_names_strategy_reduce():
+    s = mirrored(2)
+    pr = ids(s)
+    assert ANSWERS["mirrored_as_tensor.perreplica_scalar_eager"]["result"]["'%.1f' % x"].startswith(
+        "error:TypeError"
+    )
+    formats = (lambda: f"{pr:.4f}", lambda: format(pr, ".1f"), lambda: "{:.2f}".format(pr))  # noqa: UP032
+    for call in formats:
+        with pytest.raises(TypeError, match=r"of a PerReplica: .*strategy\.reduce"):
+            call()
+    with pytest.raises(TypeError, match=r"float\(strategy\.reduce"):
+        float(pr)
+    assert f"{pr}" == str(pr) and str(pr).startswith("PerReplica:")
+    fixed = f"{s.reduce('SUM', pr, axis=None):.4f}"  # what the message advises
+    assert fixed == "1.0000"  # 0 + 1
+
+
+@pytest.mark.parametrize("n", [1, 2, 8])
+def test_float_and_format_of_a_mirrored_are_tf_type_errors_naming_the_read(n):
+    """TF: ``float(m)``, ``int(m)`` and ``'%.1f' % m`` of a Mirrored are TypeErrors (recorded);
+    jaxdist's say how to read the value every replica holds."""
+    recorded = ANSWERS["mirrored_as_tensor.mirrored_scalar_eager"]["result"]
+    assert all(recorded[k].startswith("error:TypeError") for k in ("float(x)", "int(x)"))
+    s = mirrored(n)
+    m = jd.Mirrored(tuple(jnp.float32(2.5) for _ in range(n)))
+    if n > 1:
+        m = s.extended.reduce_to("SUM", ids(s), ids(s))  # an all-reduce: 0 + 1 + ... + n-1
+    value = sum(range(n)) if n > 1 else 2.5
+    calls = [lambda: float(m), lambda: int(m), lambda: f"{m:.4f}", lambda: "%.1f" % m]  # noqa: UP031
+    for call in calls:
+        with pytest.raises(TypeError, match=r"of a Mirrored: .*jnp\.asarray\(value\)"):
+            call()
+    assert f"{m}" == str(m) and str(m).startswith("Mirrored:")
+    assert f"{jnp.asarray(m):.4f}" == f"{value:.4f}" and float(jnp.asarray(m)) == value
