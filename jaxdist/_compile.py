@@ -308,8 +308,10 @@ def _warn_retrace(fn: Callable, reason: str, key: Hashable = None) -> None:
         f"strategy.run has compiled {describe(fn)!r} {WARN_AT} times. Each new argument "
         "structure, shape or dtype, and each new non-numeric Python value (bool, str, None...) "
         "in args compiles a new step; Python numbers are traced. So does a new value of a "
-        "Python number, string or function the step reads from its closure, globals or "
-        "object. Keep argument shapes fixed; pass changing numbers as arguments." + why,
+        "string or function the step reads from its closure, globals or object, or of a "
+        "number there that its Python needs as a value (range(n), if n > 0); other numbers "
+        "there are re-read on every call (one more compile, at their first change). Keep "
+        "argument shapes fixed." + why,
         stacklevel=5,
     )
 

@@ -83,8 +83,10 @@ class Strategy:
         `PerReplica`/`Mirrored` leaves of ``args``/``kwargs`` are split over the
         replicas; arrays and Python numbers are given to every replica and traced
         (as `jax.jit` traces them: one compile for every value); other Python
-        values (bools, strings, None) are static. To make a number static, close
-        over it. Inside ``fn``, `jaxdist.get_replica_context()` gives the
+        values (bools, strings, None) are static, and so is a number bound with
+        ``functools.partial(fn, n=3)``; a number ``fn`` closes over (or reads from
+        an object or a global) is re-read on every call, not baked in (the guide
+        "State a step reads"). Inside ``fn``, `jaxdist.get_replica_context()` gives the
         replica's id and collectives. Returns ``fn``'s structure with
         `PerReplica` leaves (plain values for a one-replica strategy). Works the
         same inside `jax.jit` and `lax` loops; eagerly, compiled steps are cached

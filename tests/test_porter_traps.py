@@ -5,8 +5,10 @@ Expected values come from the replica count and from one device's arithmetic, an
 behaviour from its recorded answers (tests/tf_oracle), never from jaxdist's own output.
 """
 
+import functools
 import json
 import pathlib
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -138,3 +140,70 @@ def test_float_and_format_of_a_mirrored_are_tf_type_errors_naming_the_read(n):
             call()
     assert f"{m}" == str(m) and str(m).startswith("Mirrored:")
     assert f"{jnp.asarray(m):.4f}" == f"{value:.4f}" and float(jnp.asarray(m)) == value
+
+
+# -- the advice on closing over numbers -------------------------------------------------------
+
+WRONG_ADVICE = re.compile(
+    r"make (?:a|the) number static,? close over|close over a number to make it static", re.I
+)
+PENDING = "jaxdist/_run.py"  # its module docstring, fixed where that module is edited
+
+
+def advice_texts():
+    """Every text a porting user reads: docs pages, notebooks' cells, the README, the package's
+    docstrings and messages (whitespace folded, so a sentence across lines is one)."""
+    paths = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    paths += sorted((ROOT / "jaxdist").rglob("*.py"))
+    for path in paths:
+        yield path.relative_to(ROOT).as_posix(), path.read_text()
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        yield path.relative_to(ROOT).as_posix(), "\n".join("".join(c["source"]) for c in cells)
+
+
+def wrong_advice(text):
+    return WRONG_ADVICE.findall(re.sub(r"\s+", " ", text))
+
+
+def test_no_page_or_message_says_closing_over_a_number_makes_it_static():
+    found = {p: wrong_advice(t) for p, t in advice_texts() if p != PENDING and wrong_advice(t)}
+    assert not found, found
+
+
+@pytest.mark.xfail(strict=True, reason=f"{PENDING}'s docstring still gives the wrong advice")
+def test_the_run_module_docstring_no_longer_says_it():
+    assert not wrong_advice((ROOT / PENDING).read_text())
+
+
+def test_the_wrong_advice_pattern_finds_it():
+    assert wrong_advice("To make a number static, close\n    over it (functools.partial).")
+    assert wrong_advice("(bools are static; close over a number to make it static)")
+    assert not wrong_advice("a number bound with functools.partial is static too")
+
+
+def test_a_closed_over_number_is_read_on_every_call_and_partial_makes_it_static():
+    """What the corrected docs say: a closure's number is re-read (one more compile at its
+    first change), a number bound by `functools.partial` is static (a compile per value)."""
+    s = mirrored(2)
+    x = jnp.ones(())
+    traces, scale = [], 2.0
+
+    def closed(x):
+        traces.append(1)
+        return x * scale
+
+    got = []
+    for scale in (2.0, 3.0, 4.0, 5.0):  # noqa: B007 - the step reads the loop's variable
+        got.append(float(s.experimental_local_results(s.run(closed, args=(x,)))[0]))
+    assert got == [2.0, 3.0, 4.0, 5.0] and len(traces) == 2
+
+    def bound(x, n):
+        traces.append(1)
+        return x * n
+
+    traces.clear()
+    for n in (2.0, 3.0, 4.0):
+        out = s.run(functools.partial(bound, n=n), args=(x,))
+        assert float(s.experimental_local_results(out)[0]) == n
+    assert len(traces) == 3
