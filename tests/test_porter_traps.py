@@ -207,3 +207,39 @@ def test_a_closed_over_number_is_read_on_every_call_and_partial_makes_it_static(
         out = s.run(functools.partial(bound, n=n), args=(x,))
         assert float(s.experimental_local_results(out)[0]) == n
     assert len(traces) == 3
+
+
+# -- the docs' other facts -------------------------------------------------------------------
+
+
+def test_the_default_cross_device_ops_are_as_the_guide_says():
+    assert isinstance(jd.MirroredStrategy().extended.cross_device_ops, jd.NcclAllReduce)
+    one = jd.OneDeviceStrategy("/cpu:0").extended.cross_device_ops
+    assert isinstance(one, jd.ReductionToOneDevice)
+    assert isinstance(jd.get_strategy().extended.cross_device_ops, jd.ReductionToOneDevice)
+    guide = (ROOT / "docs" / "guides" / "cross-device-ops.md").read_text()
+    assert "## The default" in guide and "`jd.MirroredStrategy()` uses `NcclAllReduce()`" in guide
+
+
+def test_the_classifiers_name_every_python_the_readme_supports():
+    readme = (ROOT / "README.md").read_text()
+    low, high = map(int, re.search(r"Python 3\.(\d+) to 3\.(\d+)", readme).groups())
+    pyproject = (ROOT / "pyproject.toml").read_text()  # read as text: tomllib is 3.11+
+    named = set(re.findall(r'"Programming Language :: Python :: 3\.(\d+)"', pyproject))
+    assert named == {str(v) for v in range(low, high + 1)}
+    assert f'requires-python = ">=3.{low}"' in pyproject
+
+
+def test_compute_average_loss_on_a_partial_batch_divides_by_the_global_batch():
+    """A batch of 6 over 4 replicas ([2, 2, 2, 0]): the replicas' SUM is the rows' sum over the
+    global batch passed (16), or over each replica's rows x 4 by default (TF's rules)."""
+    s = mirrored(4)
+    (part,) = list(s.experimental_distribute_dataset([np.arange(6.0, dtype=np.float32)]))
+
+    def summed(global_batch_size):
+        step = lambda x: jd.nn.compute_average_loss(x, global_batch_size=global_batch_size)  # noqa: E731
+        return float(s.reduce("SUM", s.run(step, args=(part,)), axis=None))
+
+    assert summed(16) == 15.0 / 16
+    assert summed(None) == 15.0 / 8  # (0 + 1) / 8 + (2 + 3) / 8 + (4 + 5) / 8 + 0
+    assert summed(None) != 15.0 / 6  # not the short batch's mean
