@@ -10,6 +10,7 @@ import json
 import pathlib
 import re
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -243,3 +244,24 @@ def test_compute_average_loss_on_a_partial_batch_divides_by_the_global_batch():
     assert summed(16) == 15.0 / 16
     assert summed(None) == 15.0 / 8  # (0 + 1) / 8 + (2 + 3) / 8 + (4 + 5) / 8 + 0
     assert summed(None) != 15.0 / 6  # not the short batch's mean
+
+
+@pytest.mark.parametrize("n", [2, 8])
+def test_fold_in_the_replica_id_gives_each_replica_its_own_mask(n):
+    s = mirrored(n)
+    key = jax.random.key(3)
+    (x,) = list(s.experimental_distribute_dataset([np.ones((8 * n, 4), np.float32)]))
+
+    def mask(key, x):
+        key = jax.random.fold_in(key, jd.get_replica_context().replica_id_in_sync_group)
+        return jax.random.bernoulli(key, 0.5, x.shape)
+
+    got = [np.asarray(m) for m in s.experimental_local_results(s.run(mask, args=(key, x)))]
+    want = [
+        np.asarray(jax.random.bernoulli(jax.random.fold_in(key, r), 0.5, (8, 4))) for r in range(n)
+    ]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert len({g.tobytes() for g in got}) == n
+    same = s.run(lambda k, x: jax.random.bernoulli(k, 0.5, x.shape), args=(key, x))
+    assert len({np.asarray(m).tobytes() for m in s.experimental_local_results(same)}) == 1
