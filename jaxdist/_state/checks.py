@@ -40,6 +40,10 @@ def what_changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> s
         where = describe(fn, chain)
         if how == "value":
             return f"{where} changed ({value!r} -> {now!r})"
+        if how == "member":
+            return f"{where} changed ({value} -> {now!r})"
+        if how == "set":
+            return f"{where} changed ({_set(value)} -> {now!r})"
         if how == "size":
             return f"{where} changed size ({value} -> {_watch.size(now)})"
         if how == "type":
@@ -70,7 +74,23 @@ def shown(fn: Callable, watched: tuple[Chain, Any, str]) -> str:
         return f"{where} is code {name} over the same captures"
     if how == "tree":
         return f"{where} has the structure it had"
+    if how == "member":
+        return f"{where} is {value}"
+    if how == "set":
+        return f"{where} == {_set(value)}"
     return f"{where} == {value!r}"
+
+
+def _set(recorded: tuple) -> str:
+    """A set `watch` recorded (its type, a frozenset of its members), as Python shows it.
+
+    >>> _set((set, frozenset({"a"}))), _set((frozenset, frozenset()))
+    ("{'a'}", 'frozenset()')
+    """
+    kind, members = recorded
+    if kind is set:
+        return repr(set(members)) if members else "set()"
+    return f"{kind.__name__}({set(members)!r})" if members else f"{kind.__name__}()"
 
 
 _DECLINED = threading.local()

@@ -12,6 +12,7 @@ the same step `jaxdist._state.keys`'s.
 from __future__ import annotations
 
 import collections
+import enum
 import functools
 import types
 import warnings
@@ -45,9 +46,11 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
     the objects it reads there. A trace depends on them: `changed` tells when one moved.
 
     Values: numbers, strings, None, NumPy scalars and 0-d arrays (JAX inlines those in
-    the program, so they are compared by value, a copy being kept). Identity: functions
-    and other callables that are not objects of a Python class (``jnp.tanh``, a jitted
-    function). Class: other objects (``self.loss = Huber()`` in place of ``MSE()``).
+    the program, so they are compared by value, a copy being kept); the members of a set
+    or frozenset (a copy, compared as a set: ``self.frozen.add("a")``). Identity: Enum
+    members (``self.phase = Phase.EVAL``), functions and other callables that are not
+    objects of a Python class (``jnp.tanh``, a jitted function). Class: other objects
+    (``self.loss = Huber()`` in place of ``MSE()``).
     Size: lists, tuples, deques, dicts and partials (an entry added to what the step iterates over).
     Values under dict keys that the code names come first in the bound.
 
@@ -74,6 +77,10 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
             out.append((chain, value.copy(), "value"))
         elif type(value) in _EXACT or _peek.is_a(value, np.generic):
             out.append((chain, value, "value"))
+        elif _peek.is_a(value, enum.Enum):  # ``self.phase = Phase.EVAL``: its member
+            out.append((chain, value, "member"))
+        elif _peek.is_a(value, (set, frozenset)):  # ``self.frozen.add(name)``: a copy
+            out.append((chain, (type(value), frozenset(value)), "set"))
         elif _peek.is_a(value, (list, dict, functools.partial, tuple, collections.deque)):
             out.append((chain, size(value), "size"))  # an entry more: ``for w in self.ws``
         elif _peek.is_a(value, _PARTS):
@@ -217,7 +224,17 @@ _PARTS = (
 _EXACT = frozenset((bool, int, float, complex, str, type(None)))  # not subclasses: no __eq__
 _MAX_WATCHED = 4096  # about 2 ms a call to check (`Checker`), past it a warning
 # numbers first in the bound
-_ORDER = {"value": 0, "size": 1, "ident": 2, "weak": 2, "code": 2, "tree": 3, "type": 3}
+_ORDER = {
+    "value": 0,
+    "member": 0,
+    "set": 0,
+    "size": 1,
+    "ident": 2,
+    "weak": 2,
+    "code": 2,
+    "tree": 3,
+    "type": 3,
+}
 
 
 def changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> bool:
@@ -233,7 +250,7 @@ class Checker:
     (`jaxdist._state.chains.compile_walk`): the first that differs returns."""
 
     def __init__(self, watched: tuple[tuple[Chain, Any, str], ...]) -> None:
-        names: dict[str, Any] = {"size": size, "SIZED": _SIZED}
+        names: dict[str, Any] = {"size": size, "SIZED": _SIZED, "SETNE": frozenset.__ne__}
         hows = [how for _, _, how in watched]
         for i, (_, value, how) in enumerate(watched):
             names[f"r{i}"], names[f"d{i}"] = value, _DIFFERS.get(how, _differs_value)
@@ -285,6 +302,12 @@ def _differs_ident(now: Any, value: Any) -> bool:
     return now is not value
 
 
+def _differs_set(now: Any, value: Any) -> bool:
+    # the same type, and equal as sets (its elements were hashed when added: no user
+    # code runs for the copy's elements, which are the same objects)
+    return type(now) is not value[0] or frozenset.__ne__(value[1], now)
+
+
 def _differs_value(now: Any, value: Any) -> bool:
     return now is not value and (type(now) is not type(value) or not _equal(now, value))
 
@@ -296,11 +319,14 @@ _DIFFERS: dict[str, Callable[[Any, Any], bool]] = {
     "size": _differs_size,
     "weak": _differs_weak,
     "ident": _differs_ident,
+    "member": _differs_ident,
+    "set": _differs_set,
     "value": _differs_value,
 }
 # the compiled check of each kind (`Checker`): ``{o}`` the value now, ``r{i}`` the one
 # recorded, ``d{i}`` its kind's comparison; a built-in list's, dict's or tuple's size read
-# in place, an identical value not compared further
+# in place, an identical value not compared further, a set compared by frozenset's own
+# comparison (a subclass's ``__ne__`` is not called)
 _SIZED = (list, dict, tuple)
 _TEST = "{o} is not r{i} and d{i}({o}, r{i})"
 _TESTS = {
@@ -308,6 +334,8 @@ _TESTS = {
     "size": "(len({o}) if type({o}) in SIZED else size({o})) != r{i}",
     "code": "d{i}({o}, r{i})",
     "tree": "d{i}({o}, r{i})",
+    "member": "{o} is not r{i}",
+    "set": "type({o}) is not r{i}[0] or SETNE(r{i}[1], {o})",
 }
 
 
