@@ -7,8 +7,11 @@ Each replica's batch sums to 8 / R, so the all-reduced sum is 8 on every strateg
 expected values are the same rules run as plain Python (or plain JAX for dtypes) on 8.
 """
 
+import collections
 import enum
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from conftest import mirrored, ones_batch, total
 
@@ -113,3 +116,113 @@ def test_a_frozenset_replaced_gives_its_branch(s, run):
         m.frozen = frozen
         assert float(run(m.step, x)) == frozen_rule(frozen, 8.0)
     assert run.traces(m.step) == 3
+
+
+# 3. a NumPy float scalar ---------------------------------------------------------------
+
+
+class Cosine:
+    def __init__(self):
+        self.lr = np.cos(0.0)
+
+    def step(self, x):
+        return self.lr * total(x)
+
+
+def test_a_numpy_float64_schedule_is_an_input_not_a_trace_per_call(s, run):
+    m, x = Cosine(), ones_batch(s)
+    for k in range(12):
+        m.lr = np.cos(k * 0.1)  # an np.float64 each call
+        assert float(run(m.step, x)) == pytest.approx(8.0 * np.cos(k * 0.1), rel=1e-6)
+    assert type(m.lr) is np.float64
+    assert run.traces(m.step) <= 2  # as a Python float's: one more trace at most
+
+
+class BfloatCosine:
+    def __init__(self, lr):
+        self.lr = lr
+
+    def step(self, x):
+        return x.astype(jnp.bfloat16) * self.lr
+
+
+@pytest.mark.parametrize("kind", [float, np.float64, np.float32])
+def test_a_numpy_float_keeps_jax_dtype_rules(s, run, kind):
+    """A Python float is weakly typed (bfloat16 times it stays bfloat16); a NumPy float
+    is not (JAX gives float32): the same when it is a program input."""
+    m, x = BfloatCosine(kind(0.5)), ones_batch(s)
+    for k in range(4):
+        m.lr = kind(np.cos(k * 0.1))
+        out = run(m.step, x)
+        plain = jnp.ones(2, jnp.bfloat16) * kind(np.cos(k * 0.1))  # plain JAX
+        assert out.dtype == plain.dtype
+        np.testing.assert_allclose(np.asarray(out, np.float32), float(plain[0]), rtol=1e-6)
+    assert run.traces(m.step) <= 2
+
+
+class Decay:
+    def __init__(self):
+        self.lr = np.float32(0.5)
+
+    def step(self, x):
+        self.lr = self.lr * np.float32(0.9)
+        return self.lr * total(x)
+
+
+def test_a_numpy_float32_the_step_writes_stays_a_numpy_float32(s, run):
+    m, x = Decay(), ones_batch(s)
+    lr = np.float32(0.5)
+    for _ in range(6):
+        lr = lr * np.float32(0.9)  # plain NumPy
+        assert float(run(m.step, x)) == pytest.approx(8.0 * float(lr), rel=1e-6)
+        assert type(m.lr) is np.float32 and m.lr == pytest.approx(lr, rel=1e-6)
+    assert run.traces(m.step) <= 2
+
+
+# 4. a namedtuple of numbers replaced with _replace -------------------------------------
+
+Config = collections.namedtuple("Config", "lr scale")
+
+
+class Configured:
+    def __init__(self):
+        self.cfg = Config(0.1, 2.0)
+
+    def step(self, x):
+        return self.cfg.lr * self.cfg.scale * total(x)
+
+
+def test_a_namedtuple_replaced_each_call_is_fresh_and_not_a_trace_per_call(s, run):
+    m, x = Configured(), ones_batch(s)
+    original = m.cfg
+    for k in range(12):
+        m.cfg = m.cfg._replace(lr=0.1 * (k + 1))
+        if k == 6:
+            m.cfg = m.cfg._replace(scale=3.0)
+        expected = m.cfg.lr * m.cfg.scale * 8.0
+        held = m.cfg
+        assert float(run(m.step, x)) == pytest.approx(expected, rel=1e-6)
+        assert m.cfg is held  # the state is left as the program found it
+    assert original == Config(0.1, 2.0)
+    # as for numbers in attributes: one more trace when each of lr and scale first moves
+    assert run.traces(m.step) <= 3
+
+
+class Annealed:
+    def __init__(self):
+        self.cfg = Config(0.5, 2.0)
+
+    def step(self, x):
+        self.cfg = self.cfg._replace(lr=self.cfg.lr * 0.5)
+        return self.cfg.lr * self.cfg.scale * total(x)
+
+
+def test_a_namedtuple_the_step_replaces_holds_python_numbers(s, run):
+    m, x = Annealed(), ones_batch(s)
+    lr = 0.5
+    for _ in range(6):
+        lr *= 0.5  # plain Python
+        assert float(run(m.step, x)) == pytest.approx(lr * 2.0 * 8.0, rel=1e-6)
+        assert type(m.cfg) is Config and type(m.cfg.lr) is float
+        assert m.cfg.lr == pytest.approx(lr, rel=1e-6) and m.cfg.scale == 2.0
+    assert run.traces(m.step) <= 2

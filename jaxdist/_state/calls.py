@@ -98,6 +98,20 @@ class Calls:
         for chain, treedef, leaves in self._assigned:
             value = treedef.unflatten([next(it) if x is None else x for x in leaves])
             _assign.replace(fn, chain, value)
+        for i in self._numbers_assigned:  # a number as the number type it was, not an array
+            _promote.put_number(fn, self._numbers[i], self._types[i])
+
+    @functools.cached_property
+    def _numbers_assigned(self) -> list[int]:
+        """The numbers inside a value the step assigned (an entry of the namedtuple of
+        ``self.cfg = self.cfg._replace(lr=...)``), by index: the program's value there is
+        stored back as a number of the type read."""
+        places = [chain for chain, _, _ in self._assigned]
+        return [
+            i
+            for i, c in enumerate(self._numbers)
+            if any(len(p) < len(c) and c[: len(p)] == p for p in places)
+        ]
 
     @functools.cached_property
     def _write_plan(self) -> tuple[list[int], int]:
@@ -211,8 +225,8 @@ class Calls:
             return self._too_wide(fn, out)
         stored = [self._numbers[self._written[j][0]] for j in self._plan.host]
         self._unread = [(c, out[self._numbers.index(c)]) for c in stored]
-        for chain, value in zip(stored, values):
-            _promote.put(fn, chain, value)
+        for (chain, old), value in zip(self._unread, values):
+            _promote.put(fn, chain, _promote.like(old, value))  # an np.float32 stays one
         for i in range(len(self._numbers)):
             if i not in self._plan.device:
                 out[i] = type(out[i])(0)

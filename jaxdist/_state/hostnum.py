@@ -226,6 +226,8 @@ class HostPlan:
             ZeroDivisionError, OverflowError: as Python's arithmetic raises them.
         """
         env = [*numbers, *[None] * (self._size - len(numbers))]
+        if self._prog:  # a NumPy float in Python's (double) arithmetic, as a float
+            env = [x.item() if type(x) in _NUMPY else x for x in env]
         _run(self._prog, env)
         values = [o[0] if type(o) is tuple else env[o] for o in self._outs]
         wide = any(not _INT32[0] <= env[i] <= _INT32[1] for i in self._ints)
@@ -233,6 +235,7 @@ class HostPlan:
 
 
 _INT32 = (-(2**31), 2**31 - 1)
+_NUMPY = frozenset((np.float16, np.float32, np.float64))  # `jaxdist._state.promote.NUMBERS`
 
 
 def _host_vars(jaxpr: Any, numbers: list) -> tuple[set, list]:

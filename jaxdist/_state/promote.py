@@ -40,13 +40,33 @@ _PROMOTED: collections.OrderedDict = collections.OrderedDict()  # code -> {chain
 _STATIC: collections.OrderedDict = collections.OrderedDict()  # code -> {chain}
 
 
-def is_number(x: Any) -> bool:
-    """A Python int or float (not a bool: a bool decides Python control flow).
+# NumPy's float scalars (``np.cos(t)``, ``np.float32(lr)``) as well: JAX gives them the
+# dtype it gives such an argument (float32, strongly typed), not a Python float's weak
+# type. Not NumPy's integers: a device int32 would wrap an ``np.int64`` silently.
+NUMBERS = frozenset((int, float, np.float16, np.float32, np.float64))
+NUMPY_FLOATS = frozenset((np.float16, np.float32, np.float64))
 
-    >>> is_number(1), is_number(0.5), is_number(True)
-    (True, True, False)
+
+def is_number(x: Any) -> bool:
+    """A Python int or float, or a NumPy float scalar (not a bool: a bool decides Python
+    control flow).
+
+    >>> import numpy as np
+    >>> is_number(1), is_number(0.5), is_number(np.float64(0.5)), is_number(True)
+    (True, True, True, False)
     """
-    return type(x) in (int, float)
+    return type(x) in NUMBERS
+
+
+def like(old: Any, value: Any) -> Any:
+    """``value`` (a Python number computed for the place ``old`` was read from) as a NumPy
+    float of ``old``'s type where ``old`` is one: the type the state held stays.
+
+    >>> import numpy as np
+    >>> type(like(np.float32(1), 0.5)).__name__, type(like(1.0, 2)).__name__
+    ('float32', 'int')
+    """
+    return type(old)(value) if type(old) in NUMPY_FLOATS else value
 
 
 def _code(fn: Callable) -> Any:
@@ -94,18 +114,25 @@ def promoted(fn: Callable) -> tuple[Chain, ...]:
 
 
 def spec(value: Any) -> jax.ShapeDtypeStruct:
-    """The abstract value JAX gives a Python number of ``value``'s type passed as an
-    argument (weak type; by type only: an int past int32 is traced as one, its written
-    values computed on the host, `jaxdist._state.hostnum`).
+    """The abstract value JAX gives a number of ``value``'s type passed as an argument
+    (a Python number's is weakly typed, a NumPy float's is not; by type only: an int past
+    int32 is traced as one, its written values computed on the host,
+    `jaxdist._state.hostnum`).
 
-    >>> spec(3_000_000_000).dtype == spec(1).dtype
-    True
+    >>> import numpy as np
+    >>> spec(3_000_000_000).dtype == spec(1).dtype, spec(0.5).weak_type
+    (True, True)
+    >>> spec(np.float64(0.5)).weak_type
+    False
     """
     aval = jax.typeof(type(value)(0))
-    return jax.ShapeDtypeStruct((), aval.dtype, weak_type=True)
+    return jax.ShapeDtypeStruct((), aval.dtype, weak_type=aval.weak_type)
 
 
 def writable(fn: Callable, chain: Chain) -> bool:
+    """Whether a number can be stored at the end of ``chain`` (`put`): a place the
+    state owns outright, or an entry of a tuple or namedtuple held at such a place (the
+    tuple is then replaced by one with that entry changed, as ``cfg._replace(lr=...)``)."""
     kind, _ = chain[-1]
     if kind not in _SETTERS:
         return False
@@ -114,6 +141,8 @@ def writable(fn: Callable, chain: Chain) -> bool:
     except _chains.Gone:
         return False
     if kind == "item":
+        if _rebuildable(parent):
+            return len(chain) > 1 and writable(fn, chain[:-1])
         return type(parent) in (dict, list) or _peek.is_a(parent, (dict, list))
     if kind == "attr":
         return _peek.instance_dict(parent) is not None
@@ -125,7 +154,41 @@ def writable(fn: Callable, chain: Chain) -> bool:
 def put(fn: Callable, chain: Chain, value: Any) -> None:
     """Stores ``value`` at the end of ``chain`` (a place `writable` accepts)."""
     kind, key = chain[-1]
-    _SETTERS[kind](_chains.fetch(fn, chain[:-1]), key, value)
+    parent = _chains.fetch(fn, chain[:-1])
+    if kind == "item" and _rebuildable(parent):
+        if tuple.__getitem__(parent, key) is value:
+            return  # the tuple holds it already: kept (the same object, as a trace saw it)
+        items = list(tuple.__iter__(parent))
+        items[key] = value
+        put(fn, chain[:-1], tuple.__new__(type(parent), items))
+        return
+    _SETTERS[kind](parent, key, value)
+
+
+def _rebuildable(x: Any) -> bool:
+    """A tuple, or a namedtuple with no attributes of its own: made again with one entry
+    changed without running its class's code (``tuple.__new__``, as ``_make`` does)."""
+    kind = type(x)
+    if kind is tuple:
+        return True
+    return (
+        _peek.is_a(x, tuple)
+        and _peek.type_lookup(kind, "_fields") is not None
+        and not _peek.instance_dict(x)
+    )
+
+
+def _place(fn: Callable, chain: Chain) -> Chain:
+    """The place a value at ``chain`` is stored through (`put`): the chain of the tuple
+    holding it replaced, where it is an entry of one."""
+    while len(chain) > 1 and chain[-1][0] == "item":
+        try:
+            if not _rebuildable(_chains.fetch(fn, chain[:-1])):
+                break
+        except _chains.Gone:
+            break
+        chain = chain[:-1]
+    return chain
 
 
 def _set_item(parent: Any, key: Any, value: Any) -> None:
@@ -160,7 +223,8 @@ class Swapped:
 
     def __enter__(self) -> Swapped:
         for chain, tracer in zip(self._chains, self._tracers):
-            self._saved.append(_chains.fetch(self._fn, chain))
+            place = _place(self._fn, chain)  # a namedtuple's entry: the namedtuple itself
+            self._saved.append((place, _chains.fetch(self._fn, place)))
             put(self._fn, chain, tracer)
         self._token = _ACTIVE.set(self)
         return self
@@ -207,9 +271,10 @@ class Swapped:
             if now is not tracer:
                 self.written.append((i, now))
         # last first: one place reached by two chains (a global and a cell holding the
-        # same function) gets back what was there before the first swap
-        for chain, old in reversed(list(zip(self._chains, self._saved))):
-            put(self._fn, chain, old)
+        # same function; two entries of one namedtuple) gets back what was there before
+        # the first swap (the very object)
+        for place, old in reversed(self._saved):
+            put(self._fn, place, old)
 
 
 def swapped() -> Swapped | None:
@@ -220,6 +285,17 @@ def swapped() -> Swapped | None:
 _ACTIVE: contextvars.ContextVar[Swapped | None] = contextvars.ContextVar(
     "jaxdist_swapped_numbers", default=None
 )
+
+
+def put_number(fn: Callable, chain: Chain, kind: type) -> None:
+    """The value at ``chain`` made a number of type ``kind`` where a program's array is
+    there now (an entry of a namedtuple the step assigned whole)."""
+    try:
+        value = _chains.fetch(fn, chain)
+    except _chains.Gone:
+        return
+    if type(value) is not kind and _peek.is_a(value, (jax.Array, np.ndarray)) and value.size:
+        put(fn, chain, kind(np.asarray(value).reshape(-1)[0].item()))
 
 
 def write_back(fn: Callable, chains: Sequence[Chain], written: list, values: list) -> None:

@@ -29,6 +29,7 @@ from jaxdist._state import names as _names
 from jaxdist._state import peek as _peek
 from jaxdist._state.chains import Chain, describe
 from jaxdist._state.keys import function_key
+from jaxdist._state.promote import is_number
 
 
 def leaked(fn: Callable) -> str | None:
@@ -340,17 +341,18 @@ _TESTS = {
 
 
 def moved_numbers(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> list[Chain]:
-    """The chains of the Python ints and floats recorded by `watch` that now hold
-    another int or float (a schedule the host sets, a counter the step increments)."""
+    """The chains of the numbers recorded by `watch` (Python ints and floats, NumPy
+    floats: `jaxdist._state.promote.is_number`) that now hold another number (a
+    schedule the host sets, a counter the step increments)."""
     out = []
     for chain, value, how in watched:
-        if how != "value" or type(value) not in (int, float):
+        if how != "value" or not is_number(value):
             continue
         try:
             now = _chains.fetch(fn, chain)
         except _chains.Gone:
             continue
-        if type(now) in (int, float) and not _equal(now, value):
+        if is_number(now) and not _equal(now, value):
             out.append(chain)
     return out
 
