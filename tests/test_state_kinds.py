@@ -226,3 +226,27 @@ def test_a_namedtuple_the_step_replaces_holds_python_numbers(s, run):
         assert type(m.cfg) is Config and type(m.cfg.lr) is float
         assert m.cfg.lr == pytest.approx(lr, rel=1e-6) and m.cfg.scale == 2.0
     assert run.traces(m.step) <= 2
+
+
+# 5. a weakly typed array replaced by a strongly typed one ------------------------------
+
+
+class Weighted:
+    def __init__(self, w):
+        self.w = w
+
+    def step(self, x):
+        return x.astype(jnp.bfloat16) * self.w
+
+
+def test_weak_and_strong_arrays_keep_their_dtype_rules(s, run):
+    """``jnp.asarray(0.3)`` is weakly typed (bfloat16 times it stays bfloat16), a float32
+    array is not (the product is float32): a trace of one does not serve the other."""
+    m, x = Weighted(jnp.asarray(0.3)), ones_batch(s)
+    for w in [jnp.asarray(0.3), jnp.asarray(0.3, jnp.float32), jnp.asarray(0.5)]:
+        m.w = w
+        out = run(m.step, x)
+        plain = jnp.ones(2, jnp.bfloat16) * w  # plain JAX
+        assert out.dtype == plain.dtype
+        np.testing.assert_allclose(np.asarray(out, np.float32), float(plain[0]), rtol=1e-6)
+    assert run.traces(m.step) == 2  # weak, strong; the weak trace again

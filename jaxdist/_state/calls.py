@@ -44,7 +44,10 @@ def is_concrete_array(x: Any) -> bool:
 
 
 _CONCRETE: set = set()  # the types of concrete arrays the state held (never a tracer's)
-_MISFIT = "type(v) not in K or v.shape != s{j} or v.dtype != d{j}"
+_MISFIT = (
+    "type(v) not in K or v.shape != s{j} or v.dtype != d{j}"
+    " or getattr(v, 'weak_type', False) is not w{j}"  # (a NumPy array is never weak)
+)
 
 
 class Calls:
@@ -198,19 +201,38 @@ class Calls:
         names: dict[str, Any] = {"K": _CONCRETE}
         lines = []
         for j, (_, shape, dtype) in enumerate(self._array_checks):
-            names[f"s{j}"], names[f"d{j}"] = shape, dtype
+            names[f"s{j}"], names[f"d{j}"], names[f"w{j}"] = shape, dtype, self._weak[j]
             lines += [f"v = out[{p + j}]", f"if {_MISFIT.format(j=j)}: return False"]
         source = "def fit(out):\n" + "".join(f"    {line}\n" for line in lines)
         exec(compile(source + "    return True\n", "<jaxdist.state.calls>", "exec"), names)  # noqa: S102
         return names["fit"]
 
+    @functools.cached_property
+    def _weak(self) -> list[bool]:
+        """Whether each array read (`_array_checks`) was weakly typed in the trace
+        (``jnp.asarray(0.3)``: bfloat16 times it stays bfloat16, where a float32 array's
+        product is float32), as the trace's inputs and constants say."""
+        invars, constvars = self._jaxpr.invars, self._jaxpr.constvars
+        first = len(invars) - len(self._numbers) - len(self._swaps)
+        avals = [v.aval for v in invars[first : first + len(self._swaps)]]
+        avals += [constvars[i].aval for i, *_ in self._lifted]
+        return [bool(getattr(a, "weak_type", False)) for a in avals]
+
     def _misfit(self, fn: Callable, arrays: list) -> str:
-        """Which array read is not a concrete array of its traced shape and dtype, in
-        words; "" if none (its type is then known to be concrete: `_CONCRETE`)."""
-        for v, (chain, shape, dtype) in zip(arrays, self._array_checks):
-            if not is_concrete_array(v) or v.shape != shape or v.dtype != dtype:
+        """Which array read is not a concrete array of its traced shape, dtype and weak
+        type, in words; "" if none (its type is then known to be concrete: `_CONCRETE`)."""
+        for v, (chain, shape, dtype), weak in zip(arrays, self._array_checks, self._weak):
+            now_weak = getattr(v, "weak_type", False)
+            if (
+                not is_concrete_array(v)
+                or v.shape != shape
+                or v.dtype != dtype
+                or now_weak is not weak
+            ):
                 now = f"{v.dtype}{list(v.shape)}" if is_concrete_array(v) else type(v).__name__
-                return f"{_chains.describe(fn, chain)} is now {now}, not {dtype}{list(shape)}"
+                now = f"weakly typed {now}" if now_weak and not weak else now
+                was = f"{'weakly typed ' if weak else ''}{dtype}{list(shape)}"
+                return f"{_chains.describe(fn, chain)} is now {now}, not {was}"
             if type(v) not in _CONCRETE and len(_CONCRETE) < 64:
                 _CONCRETE.add(type(v))
         return ""
