@@ -41,7 +41,7 @@ def test_tf_trainer_idiom_reads_self_afresh(n):
 
     t = Trainer()
     first = strategy.experimental_local_results(t.distributed_step(jnp.ones(())))
-    t.w = jnp.full((), 5.0)
+    t.w = jnp.full((), 5.0, jnp.float32)  # as the first (``jnp.full((), 5.0)`` is weakly typed)
     second = strategy.experimental_local_results(t.distributed_step(jnp.ones(())))
     assert [float(v) for v in first] == [float(n)] * n
     assert [float(v) for v in second] == [5.0 * n] * n
