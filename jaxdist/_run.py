@@ -31,6 +31,7 @@ Ragged inputs (a partial batch) go to `jaxdist._partial.ragged`.
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
@@ -45,7 +46,10 @@ from jaxdist._layout import is_tracer, shard_rows
 from jaxdist._partial import ragged as _ragged
 from jaxdist._replica_context import compiled_collectives, make_replica_context
 from jaxdist._state import promote as _promote
+from jaxdist._state import replica as _replica
+from jaxdist._state import varying as _varying
 from jaxdist._state.frozen import warn_frozen
+from jaxdist._state.replica import Replica
 from jaxdist._state.stage import Staged, example
 from jaxdist._validate import describe, hashable_arg, is_number
 from jaxdist._value_layout import parts
@@ -298,25 +302,29 @@ def _run_eager(strategy, replicas, cdo, fn, how: tuple, arrays: list, stacked: t
         rows = [ax == 0 or s for ax, s in zip(in_axes, (False,) * len(ids) + stacked)]
         examples = [example(x, r) for x, r in zip([*ids, *arrays], rows)]
         outputs = lambda: [x for _, x in info["layout"]]  # noqa: E731
-        staged = Staged(fn, body, examples, [(AXIS, replicas.num)], outputs, numbers=True)
+        replica = Replica(AXIS, replicas.num, tuple(rows), _same if direct else _written)
+        staged = Staged(
+            fn, body, examples, [(AXIS, replicas.num)], outputs, numbers=True, replica=replica
+        )
         if direct:
             return _one_replica.program(staged.evaluate, replicas), info, staged
-        axes = (*in_axes, *[None] * staged.num_inputs)
+        axes = (*in_axes, *[0 if r else None for r in staged.input_rows])
         return _compile.pmap(staged.evaluate, replicas, axes), info, staged
 
     place = None if replicas.multi_process else replicas.replicate
-    entry, extra = _compile.steps.get(fn, key, build, lambda e: e[2].inputs(fn, place))
+    rows = None if direct else functools.partial(_state_rows, replicas)
+    entry, extra = _compile.steps.get(fn, key, build, lambda e: e[2].inputs(fn, place, rows))
     program, info, staged = entry
     state = lambda x: staged.output(fn, x)  # noqa: E731
     if not direct:
         what = f"strategy.run({describe(fn)})"
         outs = _compile.dispatch(program, replicas, *ids, *arrays, *extra, what=what)
-        staged.write_back(fn, outs)  # Python numbers the step changed in its state
+        staged.write_back(fn, outs)  # what the step assigned in its state
         return _wrap(info, outs, replicas.num, _first_row, arrays.__getitem__, state)
     # no collective in the program: nothing to bound in flight (see `jaxdist._inflight`)
-    outs = program((*stacked, *[None] * len(extra)), *arrays, *extra)
+    outs = program((*stacked, *[r or None for r in staged.input_rows]), *arrays, *extra)
     staged.write_back(fn, outs)
-    if replay is not None:
+    if replay is not None and not any(staged.input_rows):
         static_at = tuple(i for i, k in enumerate(sig[1]) if k == STATIC)
         plan = (program, staged, place, _replayed_outputs(info, staged))
         _PLANS.put(fn, _one_replica.Plan((strategy, cdo), *replay, static_at, *plan))
@@ -339,8 +347,23 @@ def _replayed_outputs(info: dict, staged: Staged) -> Callable:
     return wrap
 
 
-def _same(a: Any) -> Any:
+def _same(a: Any, *_: Any) -> Any:
     return a
+
+
+def _written(a: Any, varies: bool) -> Any:
+    """A stacked output of a replica step's assignment, as its state holds it after the
+    call: a `PerReplica` where replicas differ, else the one value (the first row)."""
+    return from_stacked(a) if varies else _first_row(a)
+
+
+def _state_rows(replicas: Replicas, data: Any) -> Any:
+    """A distributed value of the state, read per replica: its stacked array, split over
+    the replicas' devices (already so when `run` made it)."""
+    if isinstance(data, jax.Array) and data.sharding is not replicas.sharding:
+        if data.sharding != replicas.sharding:
+            return jax.device_put(data, replicas.sharding)
+    return data
 
 
 def program_key(strategy: Any, cdo: Any) -> Hashable:
@@ -358,13 +381,22 @@ def _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays) -> Any:
     """Inside a JAX trace: a fresh pmap called inline (nothing about the trace is kept)."""
     info: dict = {}
     body = make_body(strategy, cdo, replicas.num, lambda: fn, sig, info)
+    dist = _replica.places(fn, replicas.num)  # read per replica; what it assigns, taken
+    body = _replica.with_state(fn, body, [c for c, _ in dist], info)
+    arrays = [*arrays, *(stacked_array(v) for _, v in dist)]
+    in_axes = (*in_axes, *(0,) * len(dist))
     swap = _promote.swapped()
     if swap is not None:  # numbers of an outer trace's state (jd.function's) are inputs
         body = _numbers_out(body, swap, info)
     call_axes, call_args = in_axes, arrays
     if MAPPED not in sig[1]:  # a pmap needs one mapped argument
         call_axes, call_args = (0, *in_axes), [_compile.replica_ids(replicas, True), *arrays]
-    outs = _traced_map(fn, replicas, body, tuple(call_axes), call_args)
+    outs, varies = _traced_map(fn, replicas, body, tuple(call_axes), call_args)
+    if info["assigned"] and not _context.in_function():
+        raise _replica.assigned_under_jit(fn, info)
+    if info["assigned"]:  # what the step assigned in its state: written back there
+        row = lambda a, v: from_stacked(a) if v and replicas.num > 1 else a[0]  # noqa: E731
+        _replica.write_traced(fn, info, outs, varies, row, len(info.get("written", ())))
     if info.get("written"):  # what the step stored there: replica 0's value, as eagerly
         values = outs[len(outs) - len(info["written"]) :]
         now = swap.now()  # type: ignore[union-attr]
@@ -374,7 +406,7 @@ def _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays) -> Any:
     return _wrap(info, outs, replicas.num, lambda a: a[0], arrays.__getitem__)
 
 
-def _traced_map(fn: Callable, replicas: Replicas, body: Callable, axes: tuple, args: list) -> list:
+def _traced_map(fn: Callable, replicas: Replicas, body: Callable, axes: tuple, args: list):
     """``body`` mapped over the replicas in the caller's trace: traced once here (the
     step's Python runs once), checked for state the user's compile froze, and replayed
     as a jaxpr. One replica (a `jax.vmap`): ``body`` traced alone with the replica axis in
@@ -382,7 +414,8 @@ def _traced_map(fn: Callable, replicas: Replicas, body: Callable, axes: tuple, a
     across processes): the whole map traced, so that JAX itself takes in the values of
     the caller's trace that the step closes over (state an earlier call stored can carry
     a sharding over the replicas' own mesh, which a jaxpr traced apart and replayed
-    inside the map would hold as a constant of another kind of mesh, and JAX refuses)."""
+    inside the map would hold as a constant of another kind of mesh, and JAX refuses).
+    Returns the outputs and a function telling which can differ across replicas."""
     spmd = _compile.spmd if replicas.multi_process else _compile.pmap
     fake = _compile.is_fake_pmap()
     one = replicas.num == 1 and not replicas.multi_process and not fake
@@ -391,10 +424,13 @@ def _traced_map(fn: Callable, replicas: Replicas, body: Callable, axes: tuple, a
         closed = jax.make_jaxpr(body, axis_env=[(AXIS, replicas.num)])(*examples)
         warn_frozen(fn, closed)
         replay = jaxpr_as_fun(closed)
-        return (_one_replica.vmapped(replay, axes) if one else spmd(replay, replicas, axes))(*args)
+        mapped = [ax == 0 for ax in axes]
+        varies = lambda: _varying.varying(closed.jaxpr, mapped, AXIS)  # noqa: E731
+        outs = (_one_replica.vmapped(replay, axes) if one else spmd(replay, replicas, axes))(*args)
+        return outs, varies
     closed = jax.make_jaxpr(spmd(body, replicas, axes))(*args)
     warn_frozen(fn, closed)
-    return jaxpr_as_fun(closed)(*args)
+    return jaxpr_as_fun(closed)(*args), lambda: _varying.of_map(closed.jaxpr, AXIS)
 
 
 def _numbers_out(body: Callable, swap: Any, info: dict) -> Callable:

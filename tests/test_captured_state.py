@@ -614,9 +614,11 @@ def first_all(strategy, out):
     return np.asarray(strategy.experimental_local_results(out)[0])
 
 
-def test_a_step_assigning_a_computed_value_to_its_state_is_a_clear_error(strategy):
-    """``self.w = self.w + g`` inside the step stores a tracer (it was kept silently, and
-    every later call gave the first call's answer)."""
+def test_a_step_assigning_a_computed_value_to_its_state_updates_it_per_replica(strategy):
+    """``self.w = self.w + g`` inside the step is a variable update, as in TF's replica
+    step (it was a stored tracer kept silently, and every later call gave the first
+    call's answer; then an error): each replica's own value, a `PerReplica` (the values
+    differ), read back by each replica on the next call."""
 
     class T:
         def __init__(self):
@@ -627,8 +629,12 @@ def test_a_step_assigning_a_computed_value_to_its_state_is_a_clear_error(strateg
             return self.w
 
     t = T()
-    with pytest.raises(RuntimeError, match=r"stored a value it computed in self\.w"):
-        strategy.run(t.step, args=(batch(strategy),))
+    (x,) = strategy.experimental_distribute_dataset([np.ones((8, 2), np.float32)])
+    first = strategy.experimental_local_results(strategy.run(t.step, args=(x,)))
+    second = strategy.experimental_local_results(strategy.run(t.step, args=(x,)))
+    now = strategy.experimental_local_results(t.w)
+    for a, b, w in zip(first, second, now):
+        assert float(b) == 2 * float(a) == float(w)
 
 
 def test_a_python_number_the_step_changes_is_current_on_every_call(strategy):

@@ -50,7 +50,10 @@ from jaxdist._replica_context import (
     gather_leaf,
     make_replica_context,
 )
+from jaxdist._state import assign as _assign
+from jaxdist._state import chains as _chains
 from jaxdist._state import promote as _promote
+from jaxdist._validate import describe
 
 MAX_PASSES = 100
 
@@ -178,8 +181,11 @@ def trace_group(
         swap = _promote.swapped()  # numbers of the state that are inputs: each group
         if swap is not None:  # starts from them, and gives what it stores there
             swap.restart()
+        before = _assign.snapshot(fn)
+        numbers = _assign.number_places(before, swap)  # (their tracers, before the step)
         with _context.enter(_context.replica_state(strategy, ctx)):
             out = fn(*args, **kwargs)
+        _refuse_assigned(fn, before, numbers)
         written = swap.pending() if swap is not None else []
         info["written"] = [i for i, _ in written]
         out_leaves, info["tree"] = jax.tree.flatten(out)
@@ -198,6 +204,21 @@ def trace_group(
         shared = all(x is column[0] for x in column)
         args.append((column[0], False) if shared else (_stacked(column, k, members, stack), True))
     return _Traced(closed, args, info["tree"], info["layout"], info["trace"], info["written"])
+
+
+def _refuse_assigned(fn: Callable, before: dict, numbers: set) -> None:
+    """Raises (the state put back first) where a replica step on a partial batch assigned
+    a value it computed in its state: written back on full batches, not yet on these."""
+    records, _ = _assign.take_assigned(fn, before, numbers, lambda *_: None)
+    if records:
+        where = _chains.describe(fn, records[0][0])
+        raise RuntimeError(
+            f"The replica step {describe(fn)} assigned {where} on a partial batch (replicas "
+            "with batches of different sizes): jaxdist writes back what a replica step "
+            "assigns on full batches only. Drop the last partial batch (drop_remainder=True "
+            "in the dataset), or return the new value from the step and assign it after "
+            f"strategy.run ({where} = ...)."
+        )
 
 
 def _stacked(column: list, k: int, members: tuple, stack: Callable | None) -> Any:

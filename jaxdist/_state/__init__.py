@@ -8,7 +8,9 @@ depends on (`watch`; words for its checks: `checks`), when two functions are the
 (`keys`), its numbers as program inputs (`promote`), writing at those places and what a
 trace assigned (`assign`), a step traced once with that state as inputs (`stage`; what its
 trace says of the state it read: `reads`; each call of it: `calls`), and the state a user's
-own ``jax.jit`` froze, named (`frozen`).
+own ``jax.jit`` froze, named (`frozen`). A replica step's state has TF's variables' meaning
+(`replica`: distributed values read per replica, assignments written back as one value or a
+`PerReplica`, which values differ read off its jaxpr by `varying`).
 
 May import: the core's layer 0 and 1 modules; no other wing.
 """

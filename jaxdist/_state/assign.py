@@ -29,6 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxdist import _jax_internals
 from jaxdist._state import capture as _capture
 from jaxdist._state import chains as _chains
 from jaxdist._state import peek as _peek
@@ -247,6 +248,41 @@ def assigned(fn: Callable, before: dict[Chain, Any], ours: Callable[[Any], bool]
             del places[p]  # a longer chain under this one
         places[place] = (before.get(place, MISSING), now[place])
     return [(chain, old, new) for chain, (old, new) in places.items()]
+
+
+def take_assigned(
+    fn: Callable, before: dict[Chain, Any], skip: set, check: Callable[[Callable, list], None]
+) -> tuple[list, list]:
+    """What the running trace assigned into ``fn``'s state since ``before`` (`snapshot`),
+    taken out: the state is put back as it was, and the values become outputs. Returns the
+    records ``[(chain, treedef, leaves)]`` (a leaf the trace computed is None there) and the
+    computed leaves, in order. ``check(fn, places)`` may refuse what was assigned (it puts
+    the state back before it raises)."""
+    trace = _jax_internals.current_trace()
+
+    def ours(x: Any) -> bool:  # (by type first: no user code of the objects walked)
+        return _peek.is_a(x, jax.core.Tracer) and _jax_internals.is_inner_tracer(x, trace)
+
+    places = assigned(fn, before, ours, skip)
+    check(fn, places)
+    records: list = []
+    out: list = []
+    for chain, _, new in places:
+        leaves, treedef = jax.tree.flatten(new)
+        traced = [ours(x) for x in leaves]
+        records.append((chain, treedef, [None if t else x for x, t in zip(leaves, traced)]))
+        out += [x for x, t in zip(leaves, traced) if t]
+    restore(fn, [(chain, old) for chain, old, _ in places])
+    return records, out
+
+
+def number_places(before: dict[Chain, Any], swapped: Any) -> set:
+    """The chains of ``before`` (`snapshot`) that hold the tracers of the Python numbers
+    ``swapped`` (`jaxdist._state.promote.Swapped`, or None) put there: not assignments."""
+    if swapped is None:
+        return set()
+    tracers = {id(t) for t in swapped.now()}
+    return {chain for chain, value in before.items() if id(value) in tracers}
 
 
 def _first_changed(chain: Chain, before: dict, now: dict) -> Chain | None:

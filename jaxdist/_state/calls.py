@@ -33,6 +33,7 @@ from jaxdist._state import checks as _checks
 from jaxdist._state import hostnum as _hostnum
 from jaxdist._state import placed as _placed
 from jaxdist._state import promote as _promote
+from jaxdist._state import replica as _replica
 from jaxdist._state import watch as _watch
 from jaxdist._state.keys import captured_ids, captures_nothing
 from jaxdist._validate import describe
@@ -72,6 +73,8 @@ class Calls:
     _captured: tuple
     _fresh: bool
     _nothing: bool
+    _rows: list  # which of ``_swaps`` are distributed values read per replica (first)
+    _replica: Any  # `jaxdist._state.replica.Replica` of a replica step, or None
 
     def overwritten(self) -> list[int]:
         """The indices, among the inputs after the step's arguments, of the arrays read
@@ -98,6 +101,9 @@ class Calls:
             written = [self._written[j] for j in pending]
             _promote.write_back(fn, self._numbers, written, [tail[j] for j in pending])
         it = iter(outs[end - n : end])
+        if self._replica is not None:  # a replica step's: one value or a PerReplica each
+            written = self._replica.written
+            it = iter([written(x, v) for x, v in zip(it, self._written_varies)])
         for chain, treedef, leaves in self._assigned:
             value = treedef.unflatten([next(it) if x is None else x for x in leaves])
             _assign.replace(fn, chain, value)
@@ -125,11 +131,26 @@ class Calls:
         return pending, n
 
     @functools.cached_property
+    def _written_varies(self) -> list[bool]:
+        """For each output of an assigned value (a replica step's), whether it can
+        differ across replicas (`jaxdist._state.replica.varies`)."""
+        if self._replica is None:
+            return []
+        flags = _replica.varies(self._replica, self._jaxpr, self._rows, len(self._numbers))
+        end = len(flags) - len(self._written)
+        return flags[end - self._write_plan[1] : end]
+
+    @functools.cached_property
     def _plan(self) -> _hostnum.HostPlan:
         first = len(self._jaxpr.invars) - len(self._numbers)
         return _hostnum.plan(self._jaxpr, first, range(len(self._written)))
 
-    def inputs(self, fn: Callable, place: Callable[[Any], Any] | None = None) -> list | None:
+    def inputs(
+        self,
+        fn: Callable,
+        place: Callable[[Any], Any] | None = None,
+        place_rows: Callable[[Any], Any] | None = None,
+    ) -> list | None:
         """The captured arrays now, or None when ``fn``'s state no longer fits this trace
         (a watched number changed, an array changed shape or dtype, or moved); `reason`
         then says which check failed, naming the value.
@@ -152,6 +173,10 @@ class Calls:
             p = len(self._numbers)
             if place is not None:
                 out[p:] = [self._place(k, v, place) for k, v in enumerate(out[p:])]
+            if place_rows is not None and self._rows:
+                for k, row in enumerate(self._rows):
+                    if row:
+                        out[p + k] = place_rows(out[p + k])
         return out
 
     def _current(self, fn: Callable, fresh: bool) -> tuple[list | None, str]:
@@ -171,6 +196,10 @@ class Calls:
         except _chains.Gone as e:
             return None, f"a value it read is no longer there ({e})"
         p = len(self._numbers)
+        if self._rows and self._replica is not None:  # distributed values: their rows
+            for k, row in enumerate(self._rows):
+                if row:
+                    out[p + k] = _replica.stacked_of(out[p + k], self._replica.num)
         for n, kind, chain in zip(out, self._types, self._numbers):
             if type(n) is not kind:
                 where = _chains.describe(fn, chain)

@@ -31,7 +31,7 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
-from jaxdist import _jax_internals
+from jaxdist import _value_layout
 from jaxdist._jax_internals import nested_consts
 from jaxdist._layout import is_tracer
 from jaxdist._state import assign as _assign
@@ -40,6 +40,7 @@ from jaxdist._state import chains as _chains
 from jaxdist._state import checks as _checks
 from jaxdist._state import promote as _promote
 from jaxdist._state import reads as _reads
+from jaxdist._state import replica as _replica
 from jaxdist._state import watch as _watch
 from jaxdist._state.calls import Calls, is_concrete_array
 from jaxdist._state.frozen import check_not_stacked
@@ -88,22 +89,28 @@ class Staged(Calls):
         numbers: bool = False,
         writes: bool = False,
         fed: Callable[[], list] | None = None,
+        replica: _replica.Replica | None = None,
     ) -> None:
         # the Python values read before the trace: a step that changes one (``self.n +=
         # 1``) makes the number an input of the program (`jaxdist._state.promote`)
         watched = _watch.watch(fn)
         first = _promote.promoted(fn) if numbers else ()
         before = {id(a): a for a in jax.live_arrays()}  # kept: no id is reused meanwhile
-        self._writes = writes
+        self._whole = writes  # (a jd.function reads distributed values whole, as TF does)
+        self._writes = writes or replica is not None  # a replica step's are variable updates
+        self._replica = replica
         self._fed_arrays = fed or list
-        closed, numbers_used = self._trace(fn, body, examples, axis_env, first, ())
+        # the distributed values of its state, read per replica (`jaxdist._state.replica`)
+        dist = [] if replica is None else _replica.places(fn, replica.num)
+        rows = [(c, _replica.row_spec(v)) for c, v in dist]
+        closed, numbers_used = self._trace(fn, body, examples, axis_env, first, rows)
         counters = _watch.moved_numbers(fn, watched) if numbers else []
         if counters and _promote.remember(fn, counters):  # numbers the step changed
             for chain, value, _ in watched:
                 if chain in counters:  # as before the trace: the program counts this call
                     _promote.put(fn, chain, value)
             closed, numbers_used = self._trace(
-                fn, body, examples, axis_env, _promote.promoted(fn), ()
+                fn, body, examples, axis_env, _promote.promoted(fn), rows
             )
         fed_ids = {id(a) for a in self._fed_arrays()}
         if fed_ids & {id(c) for c in nested_consts(closed.jaxpr)}:
@@ -112,20 +119,23 @@ class Staged(Calls):
                 "a jitted function it calls closed over it (a constant of that function): "
                 "pass the batch to that function as an argument."
             )
-        swaps, unfound_nested = self._nested(fn, closed, before)
+        meshed = _meshed(closed.consts) if replica is not None else []
+        swaps, unfound_nested = self._nested(fn, closed, before, meshed)
         if swaps:  # arrays read inside nested jaxprs: traced again with tracers there
             try:
                 closed, numbers_used = self._trace(
-                    fn, body, examples, axis_env, numbers_used, swaps
+                    fn, body, examples, axis_env, numbers_used, rows + swaps
                 )
             except Exception:  # noqa: BLE001 - NumPy code on a NumPy array of the state
                 unfound_nested += [a for _, a in swaps if isinstance(a, np.ndarray)]
                 swaps = [(c, a) for c, a in swaps if not isinstance(a, np.ndarray)]
                 closed, numbers_used = self._trace(
-                    fn, body, examples, axis_env, numbers_used, swaps
+                    fn, body, examples, axis_env, numbers_used, rows + swaps
                 )
         self._numbers = numbers_used
-        self._swaps = [(c, a.shape, a.dtype) for c, a in swaps]
+        self._rows = [True] * len(rows) + [False] * len(swaps)
+        self._swaps = [(c, stacked_shape(v), r.dtype) for (c, r), (_, v) in zip(rows, dist)]
+        self._swaps += [(c, a.shape, a.dtype) for c, a in swaps]
         self._types = [type(_chains.fetch(fn, c)) for c in numbers_used]
         self._promote = numbers
         self._watched = tuple(w for w in _watch.settle(fn, watched) if w[0] not in numbers_used)
@@ -155,7 +165,7 @@ class Staged(Calls):
         probe = [_NOWHERE if c is None else c for c in consts] + out_consts
         found = _capture.locate_all(fn, probe, limits) if len(fed) < len(probe) else []
         chains = [c[0] if c else None for c in found] or [None] * len(probe)
-        if not self._writes:  # (jd.function reads distributed values whole, as TF does)
+        if not self._whole:  # (jd.function reads distributed values whole, as TF does)
             check_not_stacked(fn, chains[: len(consts)], consts)
         unfound = [c for c, ch in zip(consts, chains) if ch is None and c is not None]
         if limits.get("numpy") or any(isinstance(c, np.ndarray) for c in nested):
@@ -177,12 +187,13 @@ class Staged(Calls):
         self._outs = {id(x): c for x, c in zip(out_consts, chains[len(consts) :]) if c is not None}
 
     @staticmethod
-    def _nested(fn: Callable, closed: Any, before: dict) -> tuple[list, list]:
+    def _nested(fn: Callable, closed: Any, before: dict, meshed: list) -> tuple[list, list]:
         """The arrays of the state read inside nested jaxprs (a jitted helper; a
-        ``strategy.run`` traced inside ``jd.function``): ``[(chain, array)]`` where a
-        tracer can be put in their place (a NumPy view: in its array's place), and
-        the arrays that stay constants."""
-        nested = [
+        ``strategy.run`` traced inside ``jd.function``), and ``meshed`` (arrays placed on
+        a mesh, whose sharding a replica step's jaxpr must not hold as a constant's):
+        ``[(chain, array)]`` where a tracer can be put in their place (a NumPy view: in
+        its array's place), and the arrays that stay constants."""
+        nested = meshed + [
             c
             for c in nested_consts(closed.jaxpr)
             if (isinstance(c, jax.Array) and not is_tracer(c) and id(c) in before)
@@ -240,7 +251,7 @@ class Staged(Calls):
             self._written = swap.written
             return outs + extra + [jax.numpy.asarray(v) for _, v in swap.written]
 
-        specs = [_spec(a) for _, a in swaps]
+        specs = [a if isinstance(a, jax.ShapeDtypeStruct) else _spec(a) for _, a in swaps]
         specs += [_promote.spec(_chains.fetch(fn, c)) for c in numbers]
         make = jax.make_jaxpr(traced, axis_env=axis_env or [])
         if not numbers:
@@ -255,18 +266,8 @@ class Staged(Calls):
     def _take_assigned(self, fn: Callable, before: dict, skip: set) -> list:
         """What the traced function assigned into its state (``self.params = new``): the
         places recorded for `write_back`, the objects put back, the new arrays returned."""
-        trace = _jax_internals.current_trace()
-        ours = lambda x: isinstance(x, jax.core.Tracer) and getattr(x, "_trace", trace) is trace  # noqa: E731
-        places = _assign.assigned(fn, before, ours, skip)
-        _refuse_appends(fn, places)
-        out: list = []
-        for chain, _, new in places:
-            leaves, treedef = jax.tree.flatten(new)
-            traced = [ours(x) for x in leaves]
-            kept = [None if t else x for x, t in zip(leaves, traced)]
-            self._assigned.append((chain, treedef, kept))
-            out += [x for x, t in zip(leaves, traced) if t]
-        _assign.restore(fn, [(chain, old) for chain, old, _ in places])
+        records, out = _assign.take_assigned(fn, before, skip, _refuse_appends)
+        self._assigned += records
         return out
 
     def _trace_static(
@@ -301,6 +302,12 @@ class Staged(Calls):
         head, nums, swaps = args[: k - n - s], args[k - n - s : k - s], args[k - s : k]
         return jaxpr_as_fun(ClosedJaxpr(self._jaxpr, consts))(*head, *swaps, *nums)
 
+    @property
+    def input_rows(self) -> list[bool]:
+        """For each input after the body's arguments (`inputs`' order), whether it is a
+        distributed value's stacked array, mapped over the replicas (one row each)."""
+        return [False] * len(self._numbers) + self._rows + [False] * len(self._lifted)
+
     def state(self, fn: Callable) -> dict[str, list[str]]:
         """What this trace reads of ``fn``'s state, as Python names it (`explain`)."""
         name = functools.partial(_chains.describe, fn)
@@ -314,6 +321,24 @@ class Staged(Calls):
             ],
             "checked": [_checks.shown(fn, w) for w in self._watched],
         }
+
+
+def _meshed(consts: list) -> list:
+    """The arrays among a replica step's constants placed with a sharding over a mesh
+    (written back by a ``jd.function``, placed by the user or Keras): traced as inputs,
+    their mesh (an Auto axis) is not replayed inside the replicas' map (a Manual one)."""
+    return [
+        c
+        for c in consts
+        if isinstance(c, jax.Array)
+        and not is_tracer(c)
+        and isinstance(c.sharding, jax.sharding.NamedSharding)
+    ]
+
+
+def stacked_shape(value: Any) -> tuple:
+    """The shape of a distributed value's stacked array (its replicas first)."""
+    return tuple(_replica.stacked_of(value, _value_layout.num_components(value)).shape)
 
 
 def _refuse_appends(fn: Callable, places: list) -> None:

@@ -1,0 +1,191 @@
+"""TF's variables in a replica step: distributed state read per replica, assignments as updates.
+
+A TF replica step (the function given to ``strategy.run``) reads its variables where they
+are (``self.w``, a Keras model's weights) and updates them there (``optimizer.apply_gradients``,
+``metric.update_state``). A mirrored variable is one value that every replica reads; a
+per-replica (sync-on-read) one holds each replica's own. jaxdist gives state the same meaning,
+with no variable type of its own:
+
+* a distributed value (`PerReplica`, `Mirrored`) held in the step's state (``self.state =
+  strategy.run(...)``, a value made by ``experimental_distribute_values_from_function``) is read
+  per replica: each replica's trace finds its own component at that place (`places` finds them;
+  the trace puts a row of the stacked array there, as it puts tracers at other places);
+* what the step assigns there (``self.w = self.w - lr * g``) is written back after the call as
+  a distributed value: one array the host reads where it is the same on every replica (computed
+  from replicated state and all-reduced values: `jaxdist._state.varying` reads that off the step's
+  jaxpr, as JAX's ``check_vma`` types it), a `PerReplica` where it differs (each replica then
+  reads its own on the next call, and the host reduces it), never one replica's value chosen.
+
+`Replica` is the record of a traced replica step this needs: its axis, which inputs are
+mapped, how an output becomes the value written back.
+
+>>> import jax.numpy as jnp, jaxdist as jd
+>>> strategy = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+>>> class Counter:
+...     def __init__(self):
+...         self.seen = jnp.zeros(())
+...     def step(self, x):
+...         self.seen = self.seen + x           # each replica its own: a PerReplica
+...         return x
+>>> c = Counter()
+>>> x = strategy.experimental_distribute_values_from_function(
+...     lambda ctx: jnp.float32(ctx.replica_id_in_sync_group + 1))
+>>> _ = strategy.run(c.step, args=(x,))
+>>> [float(v) for v in c.seen.values], float(strategy.reduce("SUM", c.seen, axis=None))
+([1.0, 2.0], 3.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from jaxdist._state import assign as _assign
+from jaxdist._state import capture as _capture
+from jaxdist._state import chains as _chains
+from jaxdist._state import peek as _peek
+from jaxdist._state import promote as _promote
+from jaxdist._state import varying as _varying
+from jaxdist._state.chains import Chain
+from jaxdist._validate import describe
+from jaxdist._value_layout import num_components, parts, stacked
+from jaxdist._values import DistributedValues, is_distributed
+
+
+@dataclasses.dataclass(frozen=True)
+class Replica:
+    """A body traced as one replica's step (`jaxdist._state.stage.Staged`'s ``replica``).
+
+    Attributes:
+        axis: the replica axis the body's collectives name.
+        num: how many replicas there are.
+        mapped: for each argument of the body, whether it is one replica's row.
+        written: ``written(output, varies)``: the value to write back for an output of an
+            assignment (``varies``: it can differ across replicas).
+    """
+
+    axis: str
+    num: int
+    mapped: tuple[bool, ...]
+    written: Callable[[Any, bool], Any]
+
+
+class NotStacked:
+    """What a place holds when it no longer holds a distributed value of stacked rows."""
+
+    shape: tuple = ()
+    dtype: Any = None
+
+
+NOT_STACKED = NotStacked()
+
+
+def _readable(value: Any, num: int) -> bool:
+    """Whether ``value`` is a distributed value a replica step can read its row of."""
+    if num_components(value) != num or parts(value) is not None:
+        return False
+    data = stacked(value)
+    return isinstance(data, jax.Array) and data.shape[:1] == (num,)
+
+
+def places(fn: Callable, num: int) -> list[tuple[Chain, Any]]:
+    """The distributed values of ``num`` components in ``fn``'s state, at places whose
+    names its code uses: ``[(chain, value)]`` (a value inside another is not listed)."""
+    named: set[str] = set()
+    found: list[tuple[Chain, Any]] = []
+    for chain, value in _capture.walk(fn, named):
+        if not _peek.is_a(value, DistributedValues) or any(chain[: len(c)] == c for c, _ in found):
+            continue
+        if _readable(value, num) and _capture.is_named(chain, named):
+            if not _assign.can_replace(fn, chain):  # (read whole: named as before)
+                continue
+            found.append((chain, value))
+    return found
+
+
+def row_spec(value: Any) -> jax.ShapeDtypeStruct:
+    """One replica's row of a distributed value's stacked array, abstractly."""
+    data = stacked(value)
+    return jax.ShapeDtypeStruct(data.shape[1:], data.dtype)
+
+
+def stacked_of(value: Any, num: int) -> Any:
+    """The stacked array a place's distributed value is read from on a call (`NOT_STACKED`
+    when the place holds something else now: the trace does not fit)."""
+    if is_distributed(value) and _readable(value, num):
+        return stacked(value)
+    return NOT_STACKED
+
+
+def varies(replica: Replica, jaxpr: Any, swapped: list[bool], n_numbers: int) -> list[bool]:
+    """For each output of a replica step's ``jaxpr`` (its inputs: the body's arguments, the
+    swapped state, the numbers), whether it can differ across replicas."""
+    inputs = [*replica.mapped, *swapped, *[False] * n_numbers]
+    return _varying.varying(jaxpr, inputs, replica.axis)
+
+
+def with_state(fn: Callable, body: Callable, chains: list[Chain], info: dict) -> Callable:
+    """``body`` (a replica step traced inside a caller's trace) reading the rows given after
+    its arguments at ``chains`` (distributed values of ``fn``'s state), and returning, after
+    its outputs, what it assigned in ``fn``'s state (``info["assigned"]``: the records of
+    `jaxdist._state.assign.take_assigned`); the state is put back as it was."""
+
+    def stateful(*arrays: Any) -> list:
+        k = len(arrays) - len(chains)
+        with _assign.Swapped(fn, chains, list(arrays[k:])):
+            before = _assign.snapshot(fn)
+            skip = _assign.number_places(before, _promote.swapped())
+            try:
+                outs = list(body(*arrays[:k]))
+            except BaseException:
+                _assign.take_assigned(fn, before, skip, _nothing)
+                raise
+            info["assigned"], extra = _assign.take_assigned(fn, before, skip, _nothing)
+        info["n_assigned"] = len(extra)
+        return outs + extra
+
+    return stateful
+
+
+def _nothing(fn: Callable, places: list) -> None:
+    del fn, places
+
+
+def write_traced(
+    fn: Callable,
+    info: dict,
+    outs: list,
+    varies: Callable[[], list | None],
+    row: Callable,
+    tail: int,
+) -> None:
+    """Writes back, in the caller's trace, what a replica step traced there assigned
+    (`with_state`): ``row(output, varies)`` of each assigned output, which come before the
+    last ``tail`` outputs; ``varies()`` tells which outputs can differ across replicas (None:
+    all may)."""
+    end = len(outs) - tail
+    start = end - info["n_assigned"]
+    flags = varies()
+    it = iter(
+        row(x, True if flags is None else flags[start + j]) for j, x in enumerate(outs[start:end])
+    )
+    for chain, treedef, leaves in info["assigned"]:
+        value = treedef.unflatten([next(it) if x is None else x for x in leaves])
+        _assign.replace(fn, chain, value)
+
+
+def assigned_under_jit(fn: Callable, info: dict) -> RuntimeError:
+    """The error for a replica step that assigned its state inside a trace that cannot
+    write it back (a user's ``jax.jit``, a ``lax`` loop): the state is as it was."""
+    where = _chains.describe(fn, info["assigned"][0][0])
+    return RuntimeError(
+        f"The replica step {describe(fn)} assigned {where} while strategy.run was traced by "
+        "a JAX transformation (jax.jit, a lax loop) that cannot write state back after the "
+        "call. Decorate the function that calls strategy.run with @jd.function (TF's "
+        "tf.function) instead of jax.jit, or call strategy.run eagerly: both write back "
+        "what the replica step assigns. Or return the new value from the step and assign "
+        f"it after strategy.run ({where} = ...)."
+    )
