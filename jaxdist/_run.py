@@ -4,8 +4,10 @@ Arguments are classified leaf by leaf: distributed values are mapped over the
 replicas (their stacked arrays split one row per replica); arrays and Python
 numbers are broadcast and traced (as `jax.jit` traces them: one compile for every
 value); other Python values (bools, strings, None, hashable objects) are static
-and part of the compile key. To make a number static, close over it
-(``functools.partial(step, n=3)``, created once).
+and part of the compile key. A number the step closes over is state, read again on
+every call; to make a number static, bind it with ``functools.partial(step, n=3)``
+(created once). Distributed values in the step's state are read per replica, and what
+the step assigns there is written back (`jaxdist._state.replica`).
 
 Two paths share one step body:
 

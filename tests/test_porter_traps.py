@@ -172,7 +172,6 @@ def test_no_page_or_message_says_closing_over_a_number_makes_it_static():
     assert not found, found
 
 
-@pytest.mark.xfail(strict=True, reason=f"{PENDING}'s docstring still gives the wrong advice")
 def test_the_run_module_docstring_no_longer_says_it():
     assert not wrong_advice((ROOT / PENDING).read_text())
 
