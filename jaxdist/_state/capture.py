@@ -87,6 +87,7 @@ def _children(obj: Any) -> Iterator[tuple[tuple, Any]]:
     elif _peek.is_a(obj, type):  # ``Config.lr``, or a classmethod's class
         for cls in obj.__mro__[:-1]:
             yield from _class_data(cls)
+        yield from _method_links(obj)
     elif _peek.is_container(obj):
         yield from ((("item", k), a) for k, a in _peek.items(obj))
     elif type(obj) is weakref.ref:
@@ -116,7 +117,7 @@ def _function_children(fn: types.FunctionType) -> Iterator[tuple[tuple, Any]]:
             yield ("import", name), sys.modules[name]
     yield from ((("default", i), a) for i, a in enumerate(fn.__defaults__ or ()))
     yield from ((("kwdefault", k), a) for k, a in (fn.__kwdefaults__ or {}).items())
-    yield from ((("fattr", k), a) for k, a in list(dict.items(fn.__dict__)))
+    yield from _own(fn.__dict__, "fattr")
 
 
 def _distributed_children(value: Any) -> Iterator[tuple[tuple, Any]]:
@@ -137,10 +138,53 @@ def _object_children(obj: Any) -> Iterator[tuple[tuple, Any]]:
         names = _child_names(obj, len(node[0]))
         for i, a in enumerate(node[0]):
             yield ("child", (node[1], i, names[i])), a
+        yield from _method_links(type(obj))
     else:
         own = _peek.instance_dict(obj) or {}
-        yield from ((("attr", k), a) for k, a in list(own.items()))
+        yield from _own(own, "attr")
         yield from _class_level(obj, own)
+        yield from _method_links(type(obj))
+
+
+def _own(own: dict, kind: str) -> Iterator[tuple[tuple, Any]]:
+    """An instance's (or a function's) own attributes; a function of the program's that a
+    decorator wraps (``functools.wraps``' ``__wrapped__``: a ``jd.function``'s function,
+    a ``jax.named_call``'s) as a link whose name every code uses: the wrapper runs it."""
+    for k, a in list(own.items()):
+        if k == "__wrapped__" and any(map(_names.users_function, _names.functions(a))):
+            yield ("wrapped", None), a
+        else:
+            yield (kind, k), a
+
+
+def _method_links(cls: type) -> Iterator[tuple[tuple, Any]]:
+    """The methods of the program's own classes (`jaxdist._state.names.users_class`) in
+    ``cls``'s MRO, as the functions they run (a property's getter, a static method's
+    function, a decorated method's wrapper): a method the step calls through ``self``
+    reads its own globals, closure and defaults. A base's definition that ``super()``
+    reaches is a link of its own (`jaxdist._state.names.definitions`): ``("meth", (name,
+    k))``, the ``k``-th definition along the MRO (`jaxdist._state.chains.method`)."""
+    for klass, name, k, target, fs in _names.definitions(cls):
+        if (fs or _names.wrapped(target) is not None) and _users_class(klass):
+            if not name.startswith("__") or _names.by_syntax(name):
+                yield ("meth", (name, k)), target
+
+
+def _users_class(cls: type) -> bool:
+    """`jaxdist._state.names.users_class`, kept per class (the walk asks it per object)."""
+    try:
+        return _USERS[cls]
+    except (KeyError, TypeError):
+        pass
+    found = cls.__module__ != "builtins" and _names.users_class(cls)
+    try:
+        _USERS[cls] = found
+    except TypeError:  # not weakly referenceable
+        pass
+    return found
+
+
+_USERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _class_level(obj: Any, own: dict) -> Iterator[tuple[tuple, Any]]:
@@ -203,9 +247,18 @@ def walk(fn: Callable, named: set[str], limits: dict | None = None) -> Iterator[
     seen = {id(fn): 2}
     frontier: list[tuple[Any, Chain]] = [(fn, ())]
     deferred: list[tuple[Any, Chain]] = []
+    # methods of a class reached under names the code does not use (yet): walked only
+    # when a name met later names them (a method the code does not call is not state)
+    methods: list[tuple[Any, Chain]] = []
+    globals_seen: set[tuple[int, str]] = set()
     nodes = 0
     for later in (False, True):
-        while frontier:
+        while frontier or (not later and methods):
+            if not frontier:
+                frontier = [m for m in methods if is_named(m[1], named)]
+                if not frontier:
+                    break
+                methods = [m for m in methods if not is_named(m[1], named)]
             nxt: list[tuple[Any, Chain]] = []
             # functions first: the names their code uses decide what else comes first
             frontier.sort(key=lambda entry: not _peek.is_a(entry[0], types.FunctionType))
@@ -213,6 +266,11 @@ def walk(fn: Callable, named: set[str], limits: dict | None = None) -> Iterator[
                 if not later:  # a callback reached through other names is not the step's
                     _names.add_names(obj, named)
                 for step, child in _safe_children(obj):
+                    if step[0] == "global":  # one module's global, read by several of
+                        place = (id(obj.__globals__), step[1])  # its functions: one place
+                        if place in globals_seen:
+                            continue
+                        globals_seen.add(place)
                     nodes += 1
                     here = (*chain, step)
                     yield here, child
@@ -225,7 +283,12 @@ def walk(fn: Callable, named: set[str], limits: dict | None = None) -> Iterator[
                         # a second path through the code's names finds an alias
                         # (``self.params = self.ema = tree``)
                         seen[id(child)] = seen.get(id(child), 0) + 1
-                        (nxt if later or named_here else deferred).append((child, here))
+                        if step[0] == "meth" and not is_named((step,), named):
+                            methods.append((child, here))  # (walked once named)
+                        elif named_here and not later:
+                            nxt.append((child, here))
+                        else:
+                            (nxt if later else deferred).append((child, here))
                 if nodes > MAX_NODES:
                     if limits is not None:
                         limits["truncated"] = True
@@ -306,9 +369,12 @@ def is_named(chain: Chain, named: set[str]) -> bool:
 
 
 def _name(kind: str, key: Any) -> str | None:
-    """The name a chain step reads by (attributes, globals, a pytree node's fields)."""
+    """The name a chain step reads by (attributes, globals, a pytree node's fields, a
+    method not called by syntax)."""
     if kind in ("attr", "getattr", "global", "fattr"):
         return key
+    if kind == "meth":
+        return None if _names.by_syntax(key[0]) else key[0]
     return key[2] if kind == "child" else None
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxdist._state import names as _names
 from jaxdist._state import peek as _peek
 
 Chain = tuple  # ((kind, key), ...) from the step function to a value
@@ -133,6 +134,10 @@ def describe(fn: Callable, chain: Chain) -> str:
             out = f"{'default' if 'default' in kind else 'partial'} argument {key!r}"
         elif kind in ("attr", "getattr", "fattr"):
             out = (out or getattr(obj, "__name__", "fn")) + f".{key}"
+        elif kind == "meth":  # (a base's definition: what ``super()`` reaches)
+            out = (out or getattr(obj, "__name__", "fn")) + f".{key[0]}" + " of a base" * key[1]
+        elif kind == "wrapped":
+            out = (out or getattr(obj, "__name__", "fn")) + ".__wrapped__"
         elif kind == "item":
             out += f"[{key!r}]"
         elif kind == "child":
@@ -239,6 +244,30 @@ def _gone() -> Any:
     raise Gone("the value changed type")
 
 
+def method(obj: Any, key: tuple) -> Any:
+    """The ``k``-th definition of the method ``name`` along the MRO of ``obj``'s class
+    (of ``obj``, a class), ``key`` being ``(name, k)``, as the function it runs
+    (`jaxdist._state.names.method_function`): no user code runs."""
+    name, k = key
+    for klass in (obj if _peek.is_a(obj, type) else type(obj)).__mro__:
+        found = klass.__dict__.get(name, _NONE)
+        if found is not _NONE:
+            if not k:
+                return _names.method_function(found)
+            k -= 1
+    raise Gone(f"no method {name}")
+
+
+_NONE = object()
+
+
+def _wrapped(obj: Any, key: None) -> Any:
+    found = _names.wrapped(obj)
+    if found is None:
+        raise Gone("no __wrapped__")
+    return found
+
+
 def _child(obj: Any, key: tuple) -> Any:
     node = pytree_children(obj)
     if node is None or node[1] != key[0]:
@@ -267,4 +296,6 @@ _STEPS: dict[str, Callable[[Any, Any], Any]] = {
     "kwdefault": lambda o, k: o.__kwdefaults__[k],
     "child": _child,
     "view": _view,
+    "meth": method,
+    "wrapped": _wrapped,
 }

@@ -48,6 +48,8 @@ def what_changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> s
             return f"{where} changed size ({value} -> {_watch.size(now)})"
         if how == "type":
             return f"{where} is now a {type(now).__name__}, not a {value.__name__}"
+        if how == "absent":
+            return f"{where}.{value} was set (it was absent when traced)"
         return f"{where} is another object"
     return "a value it read changed"
 
@@ -78,6 +80,8 @@ def shown(fn: Callable, watched: tuple[Chain, Any, str]) -> str:
         return f"{where} is {value}"
     if how == "set":
         return f"{where} == {_set(value)}"
+    if how == "absent":
+        return f"not hasattr({where}, {value!r})"
     return f"{where} == {value!r}"
 
 

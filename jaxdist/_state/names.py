@@ -17,6 +17,7 @@ import sys
 import sysconfig
 import types
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from jaxdist._state import peek as _peek
@@ -85,18 +86,52 @@ def imported_modules(code: types.CodeType) -> frozenset[str]:
 @functools.lru_cache(maxsize=1024)
 def code_names(code: types.CodeType) -> frozenset[str]:
     """The global and attribute names a code object (and the code nested in it) uses;
-    `BY_TREE` among them when it calls tree functions, `BY_NAME` when it is the
-    program's own code (not the standard library, an installed package or jaxdist) and
-    reads attributes by a computed name."""
+    `BY_TREE` among them when it calls tree functions; where it is the program's own
+    code (not the standard library, an installed package or jaxdist), `BY_NAME` when it
+    reads attributes by a computed name, and the attributes it may find absent after
+    `PROBE` (`probed`)."""
     names = _code_names(code)
-    if reads_by_name(code) and _users(code.co_filename):
-        names.add(BY_NAME)
+    if _users(code.co_filename):  # (a library's probes are no state of the program's)
+        names |= {PROBE + n for n in _probed(code)}
+        if reads_by_name(code):
+            names.add(BY_NAME)
     if names & _TREE_FUNCTIONS:
         names.add(BY_TREE)
     return frozenset(names)
 
 
 BY_NAME = "<by name>"  # not an identifier: never an attribute's name
+# before a name: an attribute the code may find absent (`probed`)
+PROBE = "<probe>"
+
+
+def _probed(code: types.CodeType) -> set[str]:
+    """The attributes a code object (or the code nested in it) may find absent: the
+    names it gives ``hasattr`` or ``getattr`` (``if not hasattr(self, "acc")``,
+    ``getattr(self, "bias", None)``), and the attributes it reads where it catches
+    ``AttributeError``. A trace that found one absent depends on its absence.
+
+    >>> def step(self):
+    ...     return getattr(self, "bias", None)
+    >>> sorted(_probed(step.__code__))
+    ['bias']
+    """
+    out: set[str] = set()
+    if {"hasattr", "getattr"} & set(code.co_names):
+        out |= {c for c in code.co_consts if _peek.is_a(c, str) and c.isidentifier()}
+    if "AttributeError" in code.co_names:
+        out |= set(code.co_names)
+    for c in code.co_consts:
+        if _peek.is_a(c, types.CodeType):
+            out |= _probed(c)
+    return out
+
+
+def probed(named: set[str]) -> set[str]:
+    """The attributes that the code whose names ``named`` gathered may find absent."""
+    return {n[len(PROBE) :] for n in named if n.startswith(PROBE)}
+
+
 # the code calls tree functions (``jax.tree.leaves(hp)``): every field of a pytree node
 # it reaches by a name it uses may be read
 BY_TREE = "<by tree>"
@@ -118,6 +153,11 @@ _PACKAGE = os.path.dirname(os.path.abspath(sys.modules[__name__.partition(".")[0
 
 
 _STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+def users_function(fn: types.FunctionType) -> bool:
+    """A function of the user's program (`_users`)."""
+    return _users(fn.__code__.co_filename)
 
 
 def users_class(cls: type) -> bool:
@@ -187,18 +227,18 @@ def _add_method_names(obj: Any, named: set[str]) -> None:
     """Adds to ``named`` the names used by the methods and properties of ``obj``'s class
     that ``named`` names (``self.scale()`` reading ``self.lr``), until none is new."""
     methods = _methods(obj if _peek.is_a(obj, type) else type(obj))
-    todo = [m for m in methods if m in named or _by_syntax(m)]
+    todo = [m for m in methods if m in named or by_syntax(m)]
     while todo:
         new = methods[todo.pop()] - named
         named |= new
         todo += [m for m in new if m in methods]
 
 
-def _by_syntax(name: str) -> bool:
+def by_syntax(name: str) -> bool:
     """A method Python calls for syntax on an object (``t.fn(x)``: ``__call__``; ``a +
     b``: ``__add__``; ``v[i]``: ``__getitem__``), not by a name the code uses.
 
-    >>> _by_syntax("__call__"), _by_syntax("__radd__"), _by_syntax("__init__")
+    >>> by_syntax("__call__"), by_syntax("__radd__"), by_syntax("__init__")
     (True, True, False)
     """
     if name in _SYNTAX:
@@ -219,26 +259,80 @@ _SYNTAX = frozenset(
 
 
 def _methods(cls: type) -> dict[str, frozenset[str]]:
-    """The names each Python method or property of ``cls`` uses (kept while ``cls`` lives)."""
+    """The names each Python method or property of ``cls`` uses, with those of the base's
+    definition where it calls ``super()`` (``super().step(x)`` runs the base's ``step``),
+    and of the program's functions a decorator wraps (``functools.wraps``: ``__wrapped__``;
+    a library's wrapped methods are read by the wrapper's names, as before) (kept while
+    ``cls`` lives)."""
     try:
         return _METHODS[cls]
     except (KeyError, TypeError):
         pass
     out: dict[str, frozenset[str]] = {}
-    for klass in reversed(cls.__mro__[:-1]):
-        if klass.__module__ == "builtins":
-            continue
-        for name, attr in list(vars(klass).items()):
-            if _peek.is_a(attr, property):
-                attr = attr.fget
-            elif _peek.is_a(attr, (staticmethod, classmethod)):
-                attr = attr.__func__
-            if _peek.is_a(attr, types.FunctionType):
-                out[name] = code_names(attr.__code__)
+    for _, name, _, _, fs in definitions(cls):
+        for f in fs[:1] + [f for f in fs[1:] if users_function(f)]:
+            out[name] = out.get(name, frozenset()) | code_names(f.__code__)
     try:
         _METHODS[cls] = out
     except TypeError:  # not weakly referenceable
         pass
+    return out
+
+
+def definitions(cls: type) -> Iterator[tuple[type, str, int, Any, list[types.FunctionType]]]:
+    """``(class, name, k, target, functions)`` for the definitions of each method or
+    property along ``cls``'s MRO that a call of it runs: the first, and the next one each
+    time the one before calls ``super()``; ``k`` counts every definition of ``name``
+    before it (the key of `jaxdist._state.chains.method`), ``target`` is what it runs
+    (`method_function`), ``functions`` its Python functions (`functions`)."""
+    count: dict[str, int] = {}
+    chained: dict[str, bool] = {}  # whether the last definition met calls super()
+    for klass in cls.__mro__[:-1]:
+        if klass.__module__ == "builtins":
+            continue
+        for name, attr in list(vars(klass).items()):
+            k = count[name] = count.get(name, -1) + 1
+            if k and not chained.get(name):
+                continue
+            target = method_function(attr)
+            fs = functions(target)
+            chained[name] = any("super" in f.__code__.co_names for f in fs)
+            yield klass, name, k, target, fs
+
+
+def method_function(attr: Any) -> Any:
+    """What a class attribute runs when called or read: a property's getter, a static
+    or class method's function; ``attr`` itself otherwise (a function, a decorated
+    callable such as a ``jd.function``)."""
+    if _peek.is_a(attr, property):
+        return attr.fget
+    if _peek.is_a(attr, (staticmethod, classmethod)):
+        return attr.__func__
+    return attr
+
+
+def wrapped(obj: Any) -> Any:
+    """The function a ``functools.wraps`` decorator wraps (``obj.__wrapped__``, from the
+    instance dictionary: no user code), None if none."""
+    own = _peek.instance_dict(obj)
+    return None if own is None else own.get("__wrapped__")
+
+
+def functions(obj: Any) -> list[types.FunctionType]:
+    """The Python functions ``obj`` runs: itself, and what it wraps, at any depth.
+
+    >>> inner = lambda x: x
+    >>> outer = functools.wraps(inner)(lambda x: inner(x))
+    >>> functions(outer) == [outer, inner]
+    True
+    """
+    out: list[types.FunctionType] = []
+    for _ in range(16):  # (a chain of wrappers; one that wraps itself ends here)
+        if obj is None:
+            break
+        if _peek.is_a(obj, types.FunctionType):
+            out.append(obj)
+        obj = obj.__func__ if _peek.is_a(obj, types.MethodType) else wrapped(obj)
     return out
 
 

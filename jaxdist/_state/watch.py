@@ -69,7 +69,9 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
     libraries = []  # modules of the standard library and installed packages
     limits: dict = {}
     opaque = []
-    for chain, value in list(_capture.walk(fn, named, limits)):
+    walked = list(_capture.walk(fn, named, limits))
+    probes = _names.probed(named)  # attributes the code may find absent
+    for chain, value in walked:
         if _peek.is_a(value, _capture.OPAQUE):
             opaque.append(chain)
         if _peek.is_a(value, types.ModuleType) and not _capture.user_module(value):
@@ -90,6 +92,7 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
             out.append((chain, _tree_def(value), "tree"))
         elif _peek.instance_dict(value) is not None and not _plain_callable(value):
             out.append((chain, type(value), "type"))
+            out += _absent(chain, value, probes) if probes else []
         elif type(value) is types.FunctionType:  # the same code over the same captures
             out.append((chain, function_key(value), "code"))
         elif callable(value):
@@ -119,6 +122,22 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
             stacklevel=6,
         )
     return tuple(out[:_MAX_WATCHED])
+
+
+def _absent(chain: Chain, value: Any, probes: set[str]) -> list[tuple[Chain, Any, str]]:
+    """The attributes the code may find absent (``hasattr(self, "acc")``, ``getattr(self,
+    "bias", None)``: `jaxdist._state.names.probed`) that ``value``, an object of the
+    program's own class, lacks now: set later, the trace that found them absent does not
+    fit (TF's create-on-first-call idiom)."""
+    cls = type(value)
+    if not _names.users_class(cls) or _peek.type_lookup(cls, "__getattr__") is not None:
+        return []
+    own = _peek.instance_dict(value) or {}
+    return [
+        (chain, name, "absent")
+        for name in sorted(probes)
+        if name not in own and _peek.type_lookup(cls, name) is None
+    ]
 
 
 def _warn_opaque(fn: Callable, chains: list) -> None:
@@ -229,6 +248,7 @@ _ORDER = {
     "value": 0,
     "member": 0,
     "set": 0,
+    "absent": 0,
     "size": 1,
     "ident": 2,
     "weak": 2,
@@ -274,12 +294,18 @@ def differs(now: Any, value: Any, how: str) -> bool:
     return _DIFFERS.get(how, _differs_value)(now, value)
 
 
+def _differs_absent(now: Any, name: str) -> bool:
+    own = _peek.instance_dict(now)
+    return (own is not None and name in own) or _peek.type_lookup(type(now), name) is not None
+
+
 def _differs_type(now: Any, value: Any) -> bool:
     return type(now) is not value
 
 
 def _differs_tree(now: Any, value: Any) -> bool:
-    return _tree_def(now) != value
+    tree = _tree_def(now)  # (a PyTreeDef compares only with another: nanobind's __ne__)
+    return type(tree) is not type(value) or tree != value
 
 
 def _differs_code(now: Any, value: Any) -> bool:
@@ -323,6 +349,7 @@ _DIFFERS: dict[str, Callable[[Any, Any], bool]] = {
     "member": _differs_ident,
     "set": _differs_set,
     "value": _differs_value,
+    "absent": _differs_absent,
 }
 # the compiled check of each kind (`Checker`): ``{o}`` the value now, ``r{i}`` the one
 # recorded, ``d{i}`` its kind's comparison; a built-in list's, dict's or tuple's size read
@@ -335,6 +362,7 @@ _TESTS = {
     "size": "(len({o}) if type({o}) in SIZED else size({o})) != r{i}",
     "code": "d{i}({o}, r{i})",
     "tree": "d{i}({o}, r{i})",
+    "absent": "d{i}({o}, r{i})",
     "member": "{o} is not r{i}",
     "set": "type({o}) is not r{i}[0] or SETNE(r{i}[1], {o})",
 }
