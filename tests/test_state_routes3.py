@@ -274,3 +274,44 @@ def test_tf_create_on_first_call_idiom_in_a_jd_function(decorated):
     assert [float(t.train(jnp.ones(()))) for _ in range(3)] == [2.0, 4.0, 6.0]
     if decorated:
         assert t.train.experimental_get_tracing_count() == 2
+
+
+# -- 5. the old value returned after the attribute is assigned ----------------------------------
+
+
+class Swap:
+    def __init__(self):
+        self.w = jnp.zeros(())
+
+    def step(self, x):
+        old = self.w
+        self.w = self.w + 2 * x
+        return old
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_the_old_value_of_an_assigned_attribute_is_returned(s, how):
+    t = Swap()
+    run = Runner(s, how, t.step)
+    assert [run() for _ in range(3)] == [0.0, 2.0, 4.0]
+    assert float(t.w) == 6.0
+    if how != "python":
+        assert run.traces() == 1
+
+
+@pytest.mark.parametrize("decorated", [False, True])
+def test_the_old_value_returned_by_a_jd_function(decorated):
+    class T:
+        def __init__(self):
+            self.w = jnp.zeros(())
+
+        def train(self):
+            old = self.w
+            self.w = self.w + 2
+            return old
+
+    if decorated:
+        T.train = jd.function(T.train)
+    t = T()
+    assert [float(t.train()) for _ in range(3)] == [0.0, 2.0, 4.0]
+    assert float(t.w) == 6.0

@@ -19,6 +19,7 @@ trace left (the attributes declared below, set by `Staged.__init__`).
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +46,7 @@ def is_concrete_array(x: Any) -> bool:
 
 
 _CONCRETE: set = set()  # the types of concrete arrays the state held (never a tracer's)
+_READ = threading.local()  # this thread's last outputs read where `write_back` assigned
 _MISFIT = (
     "type(v) not in K or v.shape != s{j} or v.dtype != d{j}"
     " or getattr(v, 'weak_type', False) is not w{j}"  # (a NumPy array is never weak)
@@ -94,6 +96,8 @@ class Calls:
         nothing waits for the device for them."""
         if not self._written and not self._assigned:
             return
+        if self._outs_assigned:  # what it returns of places it assigns, as it read them
+            _READ.values = (self, {i: _chains.fetch(fn, c) for i, c in self._outs_assigned})
         end = len(outs) - len(self._written)
         pending, n = self._write_plan
         if pending:
@@ -121,6 +125,13 @@ class Calls:
             for i, c in enumerate(self._numbers)
             if any(len(p) < len(c) and c[: len(p)] == p for p in places)
         ]
+
+    @functools.cached_property
+    def _outs_assigned(self) -> list:
+        """The untraced outputs read from places the step assigns (``old = self.w;
+        self.w = new; return old``): ``(id, chain)``, `output` gives them as read."""
+        places = [chain for chain, _, _ in self._assigned]
+        return [(i, c) for i, c in self._outs.items() if any(c[: len(p)] == p for p in places)]
 
     @functools.cached_property
     def _write_plan(self) -> tuple[list[int], int]:
@@ -333,4 +344,7 @@ class Calls:
         chain = self._outs.get(id(value))
         if chain is None:
             return value
+        held = getattr(_READ, "values", None)  # (read before `write_back` assigned there)
+        if held is not None and held[0] is self and id(value) in held[1]:
+            return held[1][id(value)]
         return _chains.fetch(fn, chain)
