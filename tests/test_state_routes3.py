@@ -315,3 +315,80 @@ def test_the_old_value_returned_by_a_jd_function(decorated):
     t = T()
     assert [float(t.train()) for _ in range(3)] == [0.0, 2.0, 4.0]
     assert float(t.w) == 6.0
+
+
+# -- 6. Python values assigned on every call ----------------------------------------------------
+
+
+class Gan:
+    def __init__(self):
+        self.train_disc = True
+        self.disc = jnp.zeros(())
+        self.gen = jnp.zeros(())
+
+    def step(self, x):
+        if self.train_disc:
+            self.disc = self.disc + x
+        else:
+            self.gen = self.gen + x
+        self.train_disc = not self.train_disc
+        return x
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_a_bool_the_step_flips_on_every_call_alternates(s, how):
+    t = Gan()
+    run = Runner(s, how, t.step)
+    for _ in range(6):
+        run()
+    assert (float(t.disc), float(t.gen), t.train_disc) == (3.0, 3.0, True)
+    if how != "python":  # one trace for each value of the flag
+        assert run.traces() == 2
+
+
+class Pair:
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def step(self, x):
+        self.a, self.b = self.b, self.a
+        if type(self.a) is bool:  # a bool decides Python control flow
+            return x * 2 if self.a else x
+        return x * self.a  # a number is an input of the program
+
+
+@pytest.mark.parametrize("values", [(True, False), (1.0, 2.0)], ids=["bools", "numbers"])
+@pytest.mark.parametrize("how", HOW)
+def test_two_python_values_swapped_on_every_call(s, how, values):
+    t = Pair(*values)
+    run = Runner(s, how, t.step)
+    got = [run() for _ in range(5)]
+    want = [1.0, 2.0, 1.0, 2.0, 1.0] if values[0] is True else [2.0, 1.0, 2.0, 1.0, 2.0]
+    assert got == want
+    assert (t.a, t.b) == (values[1], values[0])
+    if how != "python":
+        assert run.traces() <= 2
+
+
+class Mode:
+    def __init__(self, decorate):
+        self.mode, self.count = "train", jnp.zeros(())
+        self.train = decorate(self._train)
+
+    def _train(self, x):
+        if self.mode == "train":
+            self.count = self.count + x
+            self.mode = "eval"
+        else:
+            self.mode = "train"
+        return self.count
+
+
+@pytest.mark.parametrize("decorated", [False, True])
+def test_a_string_a_jd_function_assigns_follows_python(decorated):
+    t = Mode(jd.function if decorated else (lambda f: f))
+    got = [float(t.train(jnp.ones(()))) for _ in range(5)]
+    assert got == [1.0, 1.0, 2.0, 2.0, 3.0]
+    assert t.mode == "eval"
+    if decorated:
+        assert t.train.experimental_get_tracing_count() == 2

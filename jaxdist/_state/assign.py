@@ -21,6 +21,7 @@ trace, no tracer is left in the user's objects.
 from __future__ import annotations
 
 import collections
+import enum
 import functools
 import types
 from collections.abc import Callable, Iterator
@@ -231,12 +232,19 @@ def snapshot(fn: Callable) -> dict[Chain, Any]:
     return dict(_capture.walk(fn, set()))
 
 
-def assigned(fn: Callable, before: dict[Chain, Any], ours: Callable[[Any], bool], skip: set):
+def assigned(
+    fn: Callable,
+    before: dict[Chain, Any],
+    ours: Callable[[Any], bool],
+    skip: set,
+    now: dict[Chain, Any] | None = None,
+):
     """The places where ``fn``'s state now holds a value the trace computed (``ours``)
     that it did not hold in ``before``: ``[(chain, old, new)]``, each the shortest chain
     whose object changed (``self.params`` for ``self.params = {...}``), ``old`` the
-    object there before (`MISSING` for a new place). Chains in ``skip`` are left out."""
-    now = dict(_capture.walk(fn, set()))
+    object there before (`MISSING` for a new place). Chains in ``skip`` are left out;
+    ``now``: the state now, where it was walked already."""
+    now = dict(_capture.walk(fn, set())) if now is None else now
     places: dict[Chain, tuple[Any, Any]] = {}
     for chain, value in now.items():
         if not ours(value):
@@ -251,20 +259,29 @@ def assigned(fn: Callable, before: dict[Chain, Any], ours: Callable[[Any], bool]
 
 
 def take_assigned(
-    fn: Callable, before: dict[Chain, Any], skip: set, check: Callable[[Callable, list], None]
+    fn: Callable,
+    before: dict[Chain, Any],
+    skip: set,
+    check: Callable[[Callable, list], None],
+    constants: bool = False,
 ) -> tuple[list, list]:
     """What the running trace assigned into ``fn``'s state since ``before`` (`snapshot`),
     taken out: the state is put back as it was, and the values become outputs. Returns the
     records ``[(chain, treedef, leaves)]`` (a leaf the trace computed is None there) and the
     computed leaves, in order. ``check(fn, places)`` may refuse what was assigned (it puts
-    the state back before it raises)."""
+    the state back before it raises). With ``constants``, the Python values it assigned
+    that are no traced numbers (`constant_places`) are taken too, as records whose
+    leaves are those values."""
     trace = _jax_internals.current_trace()
 
     def ours(x: Any) -> bool:  # (by type first: no user code of the objects walked)
         return _peek.is_a(x, jax.core.Tracer) and _jax_internals.is_inner_tracer(x, trace)
 
-    places = assigned(fn, before, ours, skip)
+    now = dict(_capture.walk(fn, set()))
+    places = assigned(fn, before, ours, skip, now)
     check(fn, places)
+    if constants:
+        places += constant_places(before, now, skip, places)
     records: list = []
     out: list = []
     for chain, _, new in places:
@@ -274,6 +291,35 @@ def take_assigned(
         out += [x for x, t in zip(leaves, traced) if t]
     restore(fn, [(chain, old) for chain, old, _ in places])
     return records, out
+
+
+def constant_places(before: dict[Chain, Any], now: dict[Chain, Any], skip: set, places: list):
+    """The places where the running trace put a Python value that is no traced number
+    (``self.train_disc = not self.train_disc``, ``self.mode = "eval"``: a bool, a string,
+    None, an Enum member), as `assigned` gives them: a constant of the trace, written back
+    after each call as Python would assign it (the trace is keyed on the value it read:
+    `jaxdist._state.watch`). Numbers are `jaxdist._state.promote`'s (inputs, or a new
+    trace); a list's new items are not places to write."""
+    out = []
+    for chain, value in now.items():
+        if not (type(value) in _CONSTANTS or _peek.is_a(value, enum.Enum)):
+            continue
+        old = before.get(chain, MISSING)
+        kind = chain[-1][0]
+        if old is value or chain in skip or kind not in _CONSTANT_PLACES:
+            continue
+        if _first_changed(chain, before, now) != chain or any(
+            chain[: len(p)] == p for p, _, _ in places
+        ):
+            continue  # (inside a new object, or one the trace computed)
+        if kind == "item" and not _peek.is_a(now.get(chain[:-1]), dict):
+            continue
+        out.append((chain, old, value))
+    return out
+
+
+_CONSTANTS = frozenset((bool, str, type(None), bytes, np.bool_))
+_CONSTANT_PLACES = frozenset(("attr", "getattr", "global", "cell", "fattr", "item"))
 
 
 def number_places(before: dict[Chain, Any], swapped: Any) -> set:

@@ -266,7 +266,7 @@ class Staged(Calls):
     def _take_assigned(self, fn: Callable, before: dict, skip: set) -> list:
         """What the traced function assigned into its state (``self.params = new``): the
         places recorded for `write_back`, the objects put back, the new arrays returned."""
-        records, out = _assign.take_assigned(fn, before, skip, _refuse_appends)
+        records, out = _assign.take_assigned(fn, before, skip, _refuse_appends, constants=True)
         self._assigned += records
         return out
 
