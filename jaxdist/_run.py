@@ -353,10 +353,15 @@ def _same(a: Any, *_: Any) -> Any:
     return a
 
 
-def _written(a: Any, varies: bool) -> Any:
+def _written(a: Any, varies: bool, how: str | None = None) -> Any:
     """A stacked output of a replica step's assignment, as its state holds it after the
-    call: a `PerReplica` where replicas differ, else the one value (the first row)."""
-    return from_stacked(a) if varies else _first_row(a)
+    call: as its variable keeps it (``how``: `jaxdist._state.replica.rule`), else a
+    `PerReplica` where replicas differ, else the one value (the first row)."""
+    first = (lambda x: x[0]) if is_tracer(a) else _first_row
+    kept = _replica.kept(a, varies, how, first)
+    if kept is not None:
+        return kept
+    return from_stacked(a) if varies else first(a)
 
 
 def _state_rows(replicas: Replicas, data: Any) -> Any:
@@ -397,7 +402,7 @@ def _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays) -> Any:
     if info["assigned"] and not _context.in_function():
         raise _replica.assigned_under_jit(fn, info)
     if info["assigned"]:  # what the step assigned in its state: written back there
-        row = lambda a, v: from_stacked(a) if v and replicas.num > 1 else a[0]  # noqa: E731
+        row = _written if replicas.num > 1 else lambda a, *_: a[0]
         _replica.write_traced(fn, info, outs, varies, row, len(info.get("written", ())))
     if info.get("written"):  # what the step stored there: replica 0's value, as eagerly
         values = outs[len(outs) - len(info["written"]) :]

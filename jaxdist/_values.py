@@ -334,10 +334,16 @@ def _unflatten_for(cls: type) -> Callable:
     return unflatten
 
 
-for _cls in (DistributedValues, PerReplica, Mirrored):
+def register(cls: type) -> type:
+    """Registers a subclass of `DistributedValues` as a pytree, as its base classes are."""
     jax.tree_util.register_pytree_with_keys(
-        _cls, _flatten_with_keys, _unflatten_for(_cls), flatten_func=_flatten
+        cls, _flatten_with_keys, _unflatten_for(cls), flatten_func=_flatten
     )
+    return cls
+
+
+for _cls in (DistributedValues, PerReplica, Mirrored):
+    register(_cls)
 
 
 # -- the functions other modules use ---------------------------------------------------

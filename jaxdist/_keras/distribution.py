@@ -43,6 +43,7 @@ from jaxdist._input.iterators import DistributedDataset
 from jaxdist._keras import replica as _keras_replica
 from jaxdist._keras import steps as _keras_steps
 from jaxdist._keras import syncbn as _keras_syncbn
+from jaxdist._keras import variables as _keras_variables
 
 SUPPORTED = ((3, 10), (3, 16))
 """Keras versions this module is written against: ``>= 3.10, < 3.16``."""
@@ -202,6 +203,7 @@ def _install() -> None:
     if _PATCHED:
         return
     _keras_syncbn.install()
+    _keras_variables.install()
     for kind in ("train", "test", "predict"):
         name = f"make_{kind}_function"
         _PATCHED[name] = original = getattr(keras.Model, name)

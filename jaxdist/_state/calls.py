@@ -106,8 +106,8 @@ class Calls:
             _promote.write_back(fn, self._numbers, written, [tail[j] for j in pending])
         it = iter(outs[end - n : end])
         if self._replica is not None:  # a replica step's: one value or a PerReplica each
-            written = self._replica.written
-            it = iter([written(x, v) for x, v in zip(it, self._written_varies)])
+            written, rules = self._replica.written, self._rules(fn)
+            it = iter([written(x, v, r) for x, v, r in zip(it, self._written_varies, rules)])
         for chain, treedef, leaves in self._assigned:
             value = treedef.unflatten([next(it) if x is None else x for x in leaves])
             _assign.replace(fn, chain, value)
@@ -140,6 +140,15 @@ class Calls:
         pending = [j for j in range(len(self._written)) if j not in self._plan.host]
         n = sum(sum(1 for x in leaves if x is None) for _, _, leaves in self._assigned)
         return pending, n
+
+    def _rules(self, fn: Callable) -> list:
+        """For each output of an assigned value, its place's rule (`jaxdist._state.replica.
+        rules`), found on the first call of this trace."""
+        if self._place_rules is None:
+            self._place_rules = _replica.rules(fn, self._assigned)
+        return self._place_rules
+
+    _place_rules: list | None = None
 
     @functools.cached_property
     def _written_varies(self) -> list[bool]:
