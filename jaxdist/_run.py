@@ -400,7 +400,7 @@ def _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays) -> Any:
         call_axes, call_args = (0, *in_axes), [_compile.replica_ids(replicas, True), *arrays]
     outs, varies = _traced_map(fn, replicas, body, tuple(call_axes), call_args)
     if info["assigned"] and not _context.in_function():
-        raise _replica.assigned_under_jit(fn, info)
+        raise _replica.assigned_under_jit(fn, info["assigned"][0][0])
     if info["assigned"]:  # what the step assigned in its state: written back there
         row = _written if replicas.num > 1 else lambda a, *_: a[0]
         _replica.write_traced(fn, info, outs, varies, row, len(info.get("written", ())))

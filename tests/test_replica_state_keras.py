@@ -44,11 +44,11 @@ def _model():
     return m
 
 
-def _tutorial(n, how, optimizer, epochs=2):
+def _tutorial(n, how, optimizer, epochs=2, rows=48):
     """TF's custom-training tutorial in its own shape on ``n`` replicas: the losses, the
     accuracy per epoch and the weights."""
     strategy = mirrored(n)
-    x, y = _data()
+    x, y = _data(rows)
     with strategy.scope():
         model = _model()
         opt = optimizer()
@@ -104,6 +104,20 @@ def test_the_tutorial_step_with_a_keras_optimizer_and_metric_equals_one_device(h
     for w, want in zip(weights, want_weights):
         np.testing.assert_allclose(w, want, rtol=1e-5, atol=1e-6)
     assert steps == 6  # the iteration count: once per step, not once per replica
+
+
+@pytest.mark.parametrize("n", (3, 8))
+@pytest.mark.parametrize("how", ["jd.function", "eager"])
+def test_the_tutorial_step_with_a_partial_last_batch_equals_one_device(how, n):
+    """45 rows in batches of 16: the last batch (13 rows) leaves replicas short or empty."""
+    sgd = OPTIMIZERS["sgd"]
+    losses, accuracies, weights, steps = _tutorial(n, how, sgd, rows=45)
+    want_losses, want_acc, want_weights, _ = _tutorial(1, "eager", sgd, rows=45)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+    np.testing.assert_allclose(accuracies, want_acc, rtol=1e-6)
+    for w, want in zip(weights, want_weights):
+        np.testing.assert_allclose(w, want, rtol=1e-5, atol=1e-6)
+    assert steps == 6
 
 
 @pytest.mark.parametrize("n", (1, 2, 4, 8))

@@ -21,11 +21,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdist import _compile, _jax_internals, _user_errors
+from jaxdist import _compile, _context, _jax_internals, _user_errors
 from jaxdist._devices import AXIS, Replicas
 from jaxdist._layout import as_array, is_array, is_tracer
 from jaxdist._partial import replay as _replay
 from jaxdist._reduce import all_rows
+from jaxdist._state import assign as _assign
+from jaxdist._state import replica as _replica
 from jaxdist._state.stage import Staged
 from jaxdist._validate import hashable_arg, is_number
 from jaxdist._value_layout import padded, parts, stacked
@@ -115,10 +117,15 @@ def run(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, args: tuple, 
             (args, kwargs),
             is_leaf=is_distributed,
         )
+    args = _replica.with_rows(fn, replicas.num, tuple(args))  # its state read per replica
     if traced:
         args, kwargs = _constrain((args, kwargs), replicas, into=True)
         inputs, rows = split_inputs(args, kwargs, replicas.num)
-        outs, invariant = _user_traced(strategy, cdo, fn, inputs, devices, rows)
+        outs, invariant, assigned = _user_traced(strategy, cdo, fn, inputs, devices, rows)
+        if assigned and not _context.in_function():
+            raise _replica.assigned_under_jit(fn, assigned[0][0])
+        for chain, value in assigned:  # written back by the jd.function being traced
+            _assign.replace(fn, chain, value)
         out = regroup(outs, invariant, None)
         return _constrain(out, replicas, into=False)
     return _run_compiled(strategy, replicas, cdo, fn, (args, kwargs), devices)
@@ -229,10 +236,13 @@ def _run_compiled(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, inp
                 leaves[i] = v
             args, kwargs = jax.tree.unflatten(in_tree, leaves)
             inputs, rows = split_inputs(args, kwargs, n)
-            outs, invariant = _user_traced(strategy, cdo, get_fn(), inputs, devices, rows)
+            outs, invariant, assigned = _user_traced(strategy, cdo, get_fn(), inputs, devices, rows)
             out_leaves, info["treedef"] = jax.tree.flatten(regroup(outs, invariant, None))
             info["consts"] = [None if is_tracer(x) else (x,) for x in out_leaves]
-            return [x for x in out_leaves if is_tracer(x)]
+            info["chains"] = [chain for chain, _ in assigned]  # written back after the call
+            written, info["written"] = jax.tree.flatten([value for _, value in assigned])
+            info["written_layout"] = [None if is_tracer(x) else (x,) for x in written]
+            return [x for x in out_leaves + written if is_tracer(x)]
 
         outputs = lambda: [c[0] for c in info["consts"] if c]  # noqa: E731
         staged = Staged(fn, program, avals, outputs=outputs, numbers=True)
@@ -249,6 +259,11 @@ def _run_compiled(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, inp
     staged.write_back(fn, outs)  # Python numbers the step changed in its state
     traced = iter(outs)
     out = [next(traced) if c is None else staged.output(fn, c[0]) for c in info["consts"]]
+    if info["chains"]:  # what it assigned in its state, on the replicas' devices
+        kept = [next(traced) if c is None else c[0] for c in info["written_layout"]]
+        values = _to_replicas(jax.tree.unflatten(info["written"], kept), replicas)
+        for chain, value in zip(info["chains"], values):
+            _assign.replace(fn, chain, value)
     return _to_replicas(jax.tree.unflatten(info["treedef"], out), replicas)
 
 

@@ -51,8 +51,9 @@ from jaxdist._replica_context import (
     make_replica_context,
 )
 from jaxdist._state import assign as _assign
-from jaxdist._state import chains as _chains
 from jaxdist._state import promote as _promote
+from jaxdist._state import replica as _replica
+from jaxdist._state import varying as _varying
 from jaxdist._validate import describe
 
 MAX_PASSES = 100
@@ -121,6 +122,7 @@ class _Traced(NamedTuple):
     layout: list  # per output leaf: None (computed) or (constant,)
     trace: Any  # the trace that made the jaxpr (dead: a value of it is a leak)
     written: list  # the state's numbers it stored (`_promote.Swapped`): last outputs
+    assigned: tuple  # what it assigned (`take_assigned`'s records), and which outputs vary
 
 
 def _collectives(
@@ -175,17 +177,18 @@ def trace_group(
         for k, a in zip(dynamic, arrays):
             full[k] = a
         args, kwargs = jax.tree.unflatten(in_tree, full)
+        rows, args = _replica.swapped(fn, args)  # the replica's own rows of its state
         collectives = _collectives(strategy, cdo, gathers.n, members, gathers, devices)
         ctx = make_replica_context(strategy, collectives)
         info["trace"] = trace = _jax_internals.current_trace()
         swap = _promote.swapped()  # numbers of the state that are inputs: each group
         if swap is not None:  # starts from them, and gives what it stores there
             swap.restart()
-        before = _assign.snapshot(fn)
-        numbers = _assign.number_places(before, swap)  # (their tracers, before the step)
-        with _context.enter(_context.replica_state(strategy, ctx)):
+        with rows, _context.enter(_context.replica_state(strategy, ctx)):
+            before = _assign.snapshot(fn)
+            numbers = _assign.number_places(before, swap)  # (their tracers, before the step)
             out = fn(*args, **kwargs)
-        _refuse_assigned(fn, before, numbers)
+            info["assigned"], assigned = _assign.take_assigned(fn, before, numbers, _any)
         written = swap.pending() if swap is not None else []
         info["written"] = [i for i, _ in written]
         out_leaves, info["tree"] = jax.tree.flatten(out)
@@ -193,7 +196,7 @@ def trace_group(
             None if _jax_internals.is_inner_tracer(x, trace) else (x,) for x in out_leaves
         ]
         outs = [x for x, c in zip(out_leaves, info["layout"]) if c is None]
-        return outs + [jnp.asarray(v) for _, v in written]
+        return outs + assigned + [jnp.asarray(v) for _, v in written]
 
     # jit disabled: a `jax.jit` inside fn is traced again in this replica's context, never
     # taken from (or left in) its cache, where a trace made for another context may be.
@@ -203,22 +206,18 @@ def trace_group(
         column = [f[0][k] for f in flat]
         shared = all(x is column[0] for x in column)
         args.append((column[0], False) if shared else (_stacked(column, k, members, stack), True))
-    return _Traced(closed, args, info["tree"], info["layout"], info["trace"], info["written"])
+    everyone = [jax.tree.leaves(i) for i in inputs]  # an input varies if replicas' differ
+    varying = [any(e[k] is not leaves[k] for e in everyone) for k in dynamic]
+    start = sum(c is None for c in info["layout"])
+    at = range(start, start + sum(x is None for *_, ks in info["assigned"] for x in ks))
+    flags = _varying.varying(closed.jaxpr, varying, AXIS)
+    assigned = (info["assigned"], flags, _varying.slices(closed, at, AXIS, dynamic))
+    how = (info["tree"], info["layout"], info["trace"], info["written"], assigned)
+    return _Traced(closed, args, *how)
 
 
-def _refuse_assigned(fn: Callable, before: dict, numbers: set) -> None:
-    """Raises (the state put back first) where a replica step on a partial batch assigned
-    a value it computed in its state: written back on full batches, not yet on these."""
-    records, _ = _assign.take_assigned(fn, before, numbers, lambda *_: None)
-    if records:
-        where = _chains.describe(fn, records[0][0])
-        raise RuntimeError(
-            f"The replica step {describe(fn)} assigned {where} on a partial batch (replicas "
-            "with batches of different sizes): jaxdist writes back what a replica step "
-            "assigns on full batches only. Drop the last partial batch (drop_remainder=True "
-            "in the dataset), or return the new value from the step and assign it after "
-            f"strategy.run ({where} = ...)."
-        )
+def _any(fn: Callable, places: list) -> None:
+    del fn, places  # a replica step may assign anything: each replica's value is kept
 
 
 def _stacked(column: list, k: int, members: tuple, stack: Callable | None) -> Any:
@@ -284,7 +283,7 @@ def trace(
 ) -> tuple:
     """Every replica's outputs of ``fn`` on its ``(args, kwargs)`` in ``inputs``, in the
     caller's trace; also the ids of outputs that are one value for every replica
-    (``stack``: see `trace_group`)."""
+    (``stack``: see `trace_group`), and what the step assigned in its state (`_assigned`)."""
     groups, n = _groups(inputs), len(inputs)
     learnt = _Learnt(n)
     for _ in range(MAX_PASSES):
@@ -307,7 +306,35 @@ def trace(
             it = iter(s[j] for s in split)
             leaves = [next(it) if c is None else c[0] for c in t.layout]
             outs[i] = jax.tree.unflatten(t.out_tree, leaves)
-    return outs, invariant
+    return outs, invariant, _assigned(fn, traced, groups, results, n)
+
+
+def _assigned(fn: Callable, traced: list, groups: list, results: list, n: int) -> list:
+    """What the replicas assigned in the state, as its places keep it (`jaxdist._state.
+    replica.combined`): ``[(chain, value)]``."""
+    records = traced[0].assigned[0]
+    places = [chain for chain, _, _ in records]
+    if any([c for c, _, _ in t.assigned[0]] != places for t in traced[1:]):
+        raise RuntimeError(
+            f"The replicas of the step {describe(fn)} assigned different places of its state "
+            "on a partial batch (each group of replicas of one size is traced once): assign "
+            "the same places on every replica."
+        )
+    if not records:
+        return []
+    k = sum(x is None for _, _, leaves in records for x in leaves)
+    columns: list = [[None] * n for _ in range(k)]
+    varies = [False] * k
+    for t, members, values in zip(traced, groups, results):
+        start = sum(c is None for c in t.layout)
+        flags = t.assigned[1][start : start + k]
+        same = [a == b for a, b in zip(t.assigned[2], traced[0].assigned[2])]  # across sizes
+        varies = [a or b or not c for a, b, c in zip(varies, flags, same)]
+        for j in range(k):
+            rows = _lockstep.rows(values[start + j], len(members))
+            for m, i in enumerate(members):
+                columns[j][i] = rows[m]
+    return _replica.combined(fn, records, columns, varies)
 
 
 def _settle_numbers(traced: _Traced, values: list) -> None:

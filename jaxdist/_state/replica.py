@@ -54,6 +54,7 @@ from jaxdist._state import varying as _varying
 from jaxdist._state.chains import Chain
 from jaxdist._validate import describe
 from jaxdist._value_layout import num_components, parts, stacked
+from jaxdist._value_trees import combine_parts
 from jaxdist._values import DistributedValues, PerReplica, is_distributed, register
 
 
@@ -303,10 +304,11 @@ def write_traced(
         _assign.replace(fn, chain, value)
 
 
-def assigned_under_jit(fn: Callable, info: dict) -> RuntimeError:
-    """The error for a replica step that assigned its state inside a trace that cannot
-    write it back (a user's ``jax.jit``, a ``lax`` loop): the state is as it was."""
-    where = _chains.describe(fn, info["assigned"][0][0])
+def assigned_under_jit(fn: Callable, chain: Chain) -> RuntimeError:
+    """The error for a replica step that assigned its state at ``chain`` inside a trace
+    that cannot write it back (a user's ``jax.jit``, a ``lax`` loop): the state is as it
+    was."""
+    where = _chains.describe(fn, chain)
     return RuntimeError(
         f"The replica step {describe(fn)} assigned {where} while strategy.run was traced by "
         "a JAX transformation (jax.jit, a lax loop) that cannot write state back after the "
@@ -315,3 +317,60 @@ def assigned_under_jit(fn: Callable, info: dict) -> RuntimeError:
         "what the replica step assigns. Or return the new value from the step and assign "
         f"it after strategy.run ({where} = ...)."
     )
+
+
+# -- partial batches: each replica traced with its own rows --------------------------------------
+
+
+class StateRows:
+    """The distributed values of a step's state at ``chains``, given to a partial-batch step
+    as its first argument (`jaxdist._partial.ragged` splits them per replica, as it splits
+    the batch): a replica's trace finds its own rows at those places (`swapped`)."""
+
+    def __init__(self, chains: tuple, values: tuple) -> None:
+        self.chains, self.values = chains, values
+
+
+jax.tree_util.register_pytree_node(
+    StateRows, lambda s: (s.values, s.chains), lambda chains, values: StateRows(chains, values)
+)
+
+
+def with_rows(fn: Callable, num: int, args: tuple) -> tuple:
+    """``args`` of a partial-batch step, led by the `StateRows` of ``fn``'s distributed
+    state when it has any."""
+    found = places(fn, num)
+    if not found:
+        return args
+    return (StateRows(tuple(c for c, _ in found), tuple(v for _, v in found)), *args)
+
+
+def swapped(fn: Callable, args: tuple) -> tuple[Any, tuple]:
+    """A context putting a replica's `StateRows` (``args[0]``, if it is one) at their places
+    while the step runs, and the step's own arguments."""
+    if args and _peek.is_a(args[0], StateRows):
+        rows = args[0]
+        return _assign.Swapped(fn, list(rows.chains), list(rows.values)), args[1:]
+    return _assign.Swapped(fn, [], []), args
+
+
+def combined(fn: Callable, records: list, columns: list, varies: list) -> list:
+    """What a partial-batch step assigned, as its places keep it: ``[(chain, value)]`` from
+    the ``records`` (`jaxdist._state.assign.take_assigned`'s), each computed leaf's values
+    per replica (``columns``) and whether it can differ across replicas (``varies``)."""
+    how = rules(fn, records)
+    it = iter(_kept_column(c, v, r) for c, v, r in zip(columns, varies, how))
+    return [
+        (chain, treedef.unflatten([next(it) if x is None else x for x in leaves]))
+        for chain, treedef, leaves in records
+    ]
+
+
+def _kept_column(column: list, varies: bool, how: str | None) -> Any:
+    same = len({(jnp.shape(x), jnp.result_type(x)) for x in column}) == 1
+    if not same:  # (shapes per replica: each its own value)
+        return combine_parts(column, None)
+    kept_value = kept(jnp.stack(column), varies, how, lambda a: a[0])
+    if kept_value is not None:
+        return kept_value
+    return combine_parts(column, None) if varies else column[0]

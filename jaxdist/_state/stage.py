@@ -327,13 +327,16 @@ def _meshed(consts: list) -> list:
     """The arrays among a replica step's constants placed with a sharding over a mesh
     (written back by a ``jd.function``, placed by the user or Keras): traced as inputs,
     their mesh (an Auto axis) is not replayed inside the replicas' map (a Manual one)."""
-    return [
-        c
-        for c in consts
-        if isinstance(c, jax.Array)
-        and not is_tracer(c)
-        and isinstance(c.sharding, jax.sharding.NamedSharding)
-    ]
+    return [c for c in consts if isinstance(c, jax.Array) and not is_tracer(c) and _on_a_mesh(c)]
+
+
+def _on_a_mesh(x: jax.Array) -> bool:
+    """Whether ``x``'s sharding, or its type's (an array a program made under a mesh), names
+    a mesh's axes."""
+    if isinstance(x.sharding, jax.sharding.NamedSharding):
+        return True
+    mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+    return bool(getattr(mesh, "axis_names", ()))
 
 
 def stacked_shape(value: Any) -> tuple:

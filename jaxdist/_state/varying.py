@@ -159,3 +159,49 @@ def _spec_axes(specs: Any) -> set:
         for part in spec or ():
             names.update(part if isinstance(part, tuple) else (part,))
     return names
+
+
+def slices(closed: Any, outputs: Sequence[int], axis: str, inputs: Sequence[Any]) -> list:
+    """For each output index of ``closed`` (a ``ClosedJaxpr``), what it is computed from,
+    as a value that two replicas' jaxprs (of a partial batch: one per size) share only where the
+    output is the same function of the same values: its inputs (named by ``inputs``),
+    constants (by identity), literals (by value), the results of all-reduces over ``axis``
+    (by their order: every replica runs the same collectives in the same order) and the
+    operations between them. Two replicas' values of an output that does not vary in
+    either's jaxpr are equal where these agree; a shape read as a number (``x.shape[0]``)
+    makes them differ."""
+    jaxpr = closed.jaxpr
+    made: dict[Any, tuple] = {}
+    order = 0
+    for eqn in jaxpr.eqns:
+        for i, v in enumerate(eqn.outvars):
+            made[v] = (eqn, i, order)
+        if eqn.primitive.name in _COMBINE and axis in _axes(eqn.params):
+            order += 1
+    names = dict(zip(jaxpr.invars, inputs))
+    consts = {v: ("const", id(c)) for v, c in zip(jaxpr.constvars, closed.consts)}
+    memo: dict[Any, Any] = {}
+
+    def of(v: Any) -> Any:
+        if hasattr(v, "val"):  # a literal
+            return ("literal", str(v.val), str(v.aval))
+        if v in memo:
+            return memo[v]
+        if v in names:
+            found: Any = ("input", names[v])
+        elif v not in made:
+            found = consts.get(v, ("const", str(v)))
+        else:
+            eqn, i, k = made[v]
+            if eqn.primitive.name in _COMBINE and axis in _axes(eqn.params):
+                found = ("all-reduce", k, i, str(v.aval))
+            else:
+                params = str(sorted(eqn.params.items(), key=lambda kv: kv[0]))
+                found = (eqn.primitive.name, params, i, tuple(of(x) for x in eqn.invars))
+        memo[v] = found
+        return found
+
+    try:
+        return [of(jaxpr.outvars[j]) for j in outputs]
+    except RecursionError:  # a very long computation: taken as differing
+        return [object() for _ in outputs]
