@@ -259,3 +259,39 @@ def test_the_tutorial_step_on_a_partial_last_batch(n, how):
     assert isinstance(t.w, jax.Array)  # the replicas agree: one value
     np.testing.assert_allclose(np.asarray(t.w), w, rtol=1e-5, atol=1e-6)
     assert _total(strategy, t.hits) == hits
+
+
+@pytest.mark.parametrize("n", (1, 2, 8))
+@pytest.mark.parametrize("placed", ["jd.function", "NamedSharding"])
+def test_an_eager_step_differentiates_state_a_jd_function_wrote_or_a_mesh_holds(n, placed):
+    """Train compiled, debug eagerly: after a jd.function wrote ``self.w`` back (or the
+    user placed it with a NamedSharding on a mesh of their own), an eager step taking
+    ``jax.grad`` of it gives the gradient (it was JAX's "Mesh for all inputs should be
+    equal")."""
+    strategy = mirrored(n)
+
+    class T:
+        def __init__(self):
+            self.w = jnp.ones(3)
+
+        def grad_step(self, x):
+            g = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(self.w)
+            return jd.get_replica_context().all_reduce("SUM", g)
+
+        @jd.function
+        def train(self, x):
+            g = strategy.run(self.grad_step, args=(x,))
+            self.w = self.w - 0.1 * strategy.reduce("MEAN", g, axis=None)
+
+    t = T()
+    x = np.linspace(0.0, 1.0, 8 * 3, dtype=np.float32).reshape(8, 3)
+    (batch,) = strategy.experimental_distribute_dataset([x])
+    if placed == "jd.function":
+        t.train(batch)
+    else:
+        mesh = jax.sharding.Mesh(np.array(jax.devices()[:n]), ("batch",))
+        t.w = jax.device_put(jnp.full(3, 0.5), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    w = np.asarray(t.w, np.float64)
+    want = x.T.astype(np.float64) @ (1.0 - np.tanh(x @ w) ** 2)  # summed over replicas
+    for g in strategy.experimental_local_results(strategy.run(t.grad_step, args=(batch,))):
+        np.testing.assert_allclose(np.asarray(g), want, rtol=1e-5)

@@ -158,3 +158,38 @@ def test_a_sync_on_read_value_reads_as_its_aggregate_on_the_host():
     assert f"{v:.1f}" == "6.0" and v.shape == () and v.dtype == jnp.float32
     strategy = mirrored(3)
     assert float(strategy.reduce("MEAN", v, axis=None)) == 2.0
+
+
+@pytest.mark.parametrize("n", (1, 2, 8))
+def test_a_step_differentiating_keras_conv_variables_eagerly_equals_jd_function(n):
+    """conv -> relu -> conv on a model made in the scope (its variables placed on the
+    scope's mesh): the eager step's gradients equal the same step's under jd.function."""
+    strategy = mirrored(n)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((6, 6, 2)),
+                keras.layers.Conv2D(3, 3, activation="relu"),
+                keras.layers.Conv2D(2, 3),
+            ]
+        )
+
+    def grads(x):
+        tv = [v.value for v in model.trainable_variables]
+        ntv = [v.value for v in model.non_trainable_variables]
+
+        def loss(tv):
+            out, _ = model.stateless_call(tv, ntv, x)
+            return jnp.mean(out**2)
+
+        return jd.get_replica_context().all_reduce("SUM", jax.grad(loss)(tv))
+
+    def call(batch):
+        return strategy.run(grads, args=(batch,))
+
+    x = np.random.RandomState(0).rand(8, 6, 6, 2).astype(np.float32)
+    (batch,) = strategy.experimental_distribute_dataset([x])
+    eager = strategy.experimental_local_results(call(batch))[0]
+    compiled = strategy.experimental_local_results(jd.function(call)(batch))[0]
+    for a, b in zip(eager, compiled):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
