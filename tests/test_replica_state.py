@@ -290,7 +290,9 @@ def test_an_eager_step_differentiates_state_a_jd_function_wrote_or_a_mesh_holds(
         t.train(batch)
     else:
         mesh = jax.sharding.Mesh(np.array(jax.devices()[:n]), ("batch",))
-        t.w = jax.device_put(jnp.full(3, 0.5), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+        t.w = jax.device_put(
+            jnp.full(3, 0.5), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        )
     w = np.asarray(t.w, np.float64)
     want = x.T.astype(np.float64) @ (1.0 - np.tanh(x @ w) ** 2)  # summed over replicas
     for g in strategy.experimental_local_results(strategy.run(t.grad_step, args=(batch,))):
