@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-latest sweep lint bench bench-tf conformance docs docs-serve wheel-smoke clean
+.PHONY: demo test test-fast test-latest sweep lint bench bench-tf conformance docs docs-serve wheel-smoke clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,13 @@ test: $(STAMP)
 	$(PY) -m ruff check jaxdist tests benchmarks examples
 	$(PY) -m mypy jaxdist
 	JAXDIST_REQUIRE_DEV=1 $(PY) -m pytest -q
+
+# The inner loop while editing: ruff and the suite without its slow tier (tests marked `slow` by
+# tests/conftest.py: several processes, notebooks, docs examples, the sweeps, the slowest files).
+# `make test` (above, and CI) stays the whole suite: run it before a commit.
+test-fast: $(STAMP)
+	$(PY) -m ruff check jaxdist tests benchmarks examples
+	JAXDIST_REQUIRE_DEV=1 $(PY) -m pytest -q -m "not slow"
 
 # The property-based sweep (tests/test_sweep_*.py) with thousands of random draws instead of CI's
 # dozen derandomized ones: run it before a change to the split, the Keras steps or the

@@ -114,5 +114,53 @@ def run_local(s, fn, x, *more):
     return float(s.experimental_local_results(s.run(fn, args=(x, *more)))[0])
 
 
+# -- The slow tier ------------------------------------------------------------------------------
+# `make test` (and CI) runs every test; `make test-fast` leaves out the ones marked `slow` here
+# (`-m "not slow"`), so that the inner loop while editing takes a few minutes, not half an hour.
+# tests/test_tiers.py holds this list to the kinds that must be in it.
+
+SLOW_FILES = {  # test file: why it is in the slow tier
+    "test_multi_worker.py": "several processes (jax.distributed, tests/multiworker_worker.py)",
+    "test_keras_save.py": "several processes (tests/keras_multiworker_worker.py)",
+    "test_notebooks.py": "executes every notebook",
+    "test_docs_examples.py": "runs every docs page's code blocks, some in fresh interpreters",
+    "test_demo.py": "runs examples/demo.py in a fresh interpreter",
+    "test_bench_accelerator.py": "runs the benchmark script in fresh interpreters",
+    "test_cpu_threads.py": "starts a fresh interpreter per case to size XLA's thread pool",
+    # measured the slowest files of one process (a second or more per test, most of it compiles)
+    "test_function.py": "trainers under jd.function: a compile per case, seconds each",
+    "test_function_routes.py": "every state route again under jd.function: compiles per case",
+    "test_jit.py": "strategy calls inside jax.jit and lax loops: compiles per case",
+    "test_state_kinds.py": "state of every kind at every replica count: compiles per case",
+    "test_state_numbers.py": "10,000 calls and compile counts of Python numbers in state",
+    "test_state_reads.py": "real TF programs run as written: compiles per case",
+    "test_state_review.py": "the state review's cases: compiles per case",
+}
+SLOW_PREFIXES = {  # test files named so: why they are in the slow tier
+    "test_sweep_": "a property sweep (hypothesis draws, each a compile)",
+    "test_keras": "Keras fit/evaluate/predict: a model compiled per case, seconds each",
+}
+
+
+def slow_reason(filename: str, markers=()) -> str | None:
+    """Why a test of ``filename`` carrying ``markers`` (their names) is in the slow tier, or None:
+    a file of SLOW_FILES, a sweep, or any test marked ``multiworker`` (several processes)."""
+    if filename in SLOW_FILES:
+        return SLOW_FILES[filename]
+    for prefix, why in SLOW_PREFIXES.items():
+        if filename.startswith(prefix):
+            return why
+    if "multiworker" in markers:
+        return "several processes (marked multiworker)"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection reads the markers
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if slow_reason(item.path.name, {m.name for m in item.iter_markers()}):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_report_header(config):
     return f"jax {jax.__version__}; simulated CPU devices: 8"
