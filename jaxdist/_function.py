@@ -155,6 +155,10 @@ class _Program:
             with _context.enter(_context.function_state(fn)), _feeds.feeding(feed):
                 out = fn(*args, **kwargs)
             flat, info["treedef"] = jax.tree.flatten(out)
+            # an element of an iterator it read, returned as it is (a one-replica run returns
+            # its argument): an output of the program, not the first call's array
+            read = {id(x) for _, _, e in feed.used for x in jax.tree.leaves(e)}
+            flat = [jax.numpy.copy(x) if id(x) in read else x for x in flat]
             traced = [isinstance(x, jax.core.Tracer) for x in flat]
             info["layout"] = [None if t else x for x, t in zip(flat, traced)]
             return [x for x, t in zip(flat, traced) if t]
