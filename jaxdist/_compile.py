@@ -320,7 +320,8 @@ steps = StepCache()
 
 
 def step_count(fn: Callable) -> int:
-    """How many compiled steps are cached for ``fn`` (each one a trace of ``fn``).
+    """How many compiled steps are cached for ``fn`` (each one a trace of ``fn``); for a
+    ``jd.function``, how many times it was traced.
 
     >>> import jax.numpy as jnp, jaxdist as jd
     >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -339,7 +340,7 @@ def step_count(fn: Callable) -> int:
             "step_count(fn) takes the function given to strategy.run; "
             f"got {type(fn).__name__} {fn!r}."
         )
-    return steps.size(fn)
+    return steps.size(getattr(fn, "python_function", fn))  # a jd.function: its traces
 
 
 _COLLECTIVES: collections.OrderedDict = collections.OrderedDict()

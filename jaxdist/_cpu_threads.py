@@ -87,6 +87,14 @@ def cpu_threads() -> dict[str, Any]:
     }
 
 
+def _process_cpu_devices() -> int:
+    """How many CPU devices this process has (its backend is started when this is asked)."""
+    try:
+        return len(jax.devices("cpu"))
+    except RuntimeError:  # pragma: no cover - no CPU backend
+        return 0
+
+
 def check(num_cpu_devices: int) -> None:
     """Warns once when a strategy uses more simulated CPU devices than XLA's pool can
     run two programs of (the backend started before jaxdist could size it)."""
@@ -96,9 +104,12 @@ def check(num_cpu_devices: int) -> None:
     if threads >= 2 * num_cpu_devices:
         return
     _state["warned"] = True
+    total = _process_cpu_devices()
+    whose = f" of this process's {total}" if total > num_cpu_devices else ""
     warnings.warn(
-        f"XLA's CPU thread pool has {threads} threads for {num_cpu_devices} simulated CPU "
-        "devices (JAX started its backend before jaxdist could size it). Un-blocked loops of "
+        f"XLA's CPU thread pool has {threads} threads for a strategy over {num_cpu_devices}"
+        f"{whose} simulated CPU devices (JAX started its backend before jaxdist could size "
+        "it). Un-blocked loops of "
         "jitted functions that return no distributed value may then abort at a collective's "
         f"rendezvous. Import jaxdist before JAX runs anything, or set PJRT_NPROC="
         f"{2 * num_cpu_devices} in the environment.",

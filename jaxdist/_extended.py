@@ -123,6 +123,31 @@ class StrategyExtended:
 
     # -- reduce / broadcast ----------------------------------------------------
 
+    def _replica_ctx_all_reduce(
+        self, reduce_op: ReduceOp | str, value: Any, options: Any = None
+    ) -> Any:
+        """All-reduces ``value`` across the replicas from inside a replica step: an alias of
+        the replica context's `ReplicaContext.all_reduce` (``jd.get_replica_context().
+        all_reduce(reduce_op, value, options)``).
+
+        Private in TF 2.21, and kept because TF Model Garden's ``grad_utils`` calls it
+        (``strategy.extended._replica_ctx_all_reduce(op, grads, options)``). As TF's, it must
+        be called in a replica step (an `AssertionError` elsewhere).
+
+        >>> import jaxdist as jd
+        >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        >>> out = s.run(lambda: s.extended._replica_ctx_all_reduce("SUM", 1.0))
+        >>> [float(v) for v in s.experimental_local_results(out)]
+        [2.0, 2.0]
+        """
+        state = _context.current()
+        ctx = state.replica_context if state.mode is _context.Mode.REPLICA else None
+        if ctx is None:
+            raise AssertionError(
+                "`StrategyExtended._replica_ctx_all_reduce` must be called in a replica context"
+            )
+        return ctx.all_reduce(reduce_op, value, options)
+
     def reduce_to(
         self, reduce_op: ReduceOp | str, value: Any, destinations: Any, options: Any = None
     ) -> Any:

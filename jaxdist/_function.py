@@ -35,7 +35,7 @@ from typing import Any, cast
 import jax
 import numpy as np
 
-from jaxdist import _compile, _context, _jax_internals
+from jaxdist import _compile, _context, _jax_internals, _user_errors
 from jaxdist._errors import OutOfRangeError
 from jaxdist._input import feeds as _feeds
 from jaxdist._input.iterators import DatasetIterator, DistributedIterator
@@ -227,14 +227,21 @@ class Function:
         try:
             try:
                 return self._call(fn, leaves, treedef, call, _STATIC_NUMBERS.get(code, False))
-            except _CONCRETE as e:
-                if _STATIC_NUMBERS.get(code) or not any(is_number(x) for x in leaves):
+            except _user_errors.STEP_ERRORS as e:
+                if not _user_errors.is_step_error(e):
                     raise
-                # it needs a Python number's value (``range(steps)``): numbers in its
-                # arguments are static from now on, as tf.function's are
+                if _STATIC_NUMBERS.get(code) or not any(is_number(x) for x in leaves):
+                    _user_errors.raise_for_function(fn, e)
+                # it needs a Python number's value (``range(steps)``, ``jnp.zeros(k)``):
+                # numbers in its arguments are static from now on, as tf.function's are
                 _STATIC_NUMBERS[code] = True
                 del e
+            try:
                 return self._call(fn, leaves, treedef, call, True)
+            except _user_errors.STEP_ERRORS as e:
+                if not _user_errors.is_step_error(e):
+                    raise
+                _user_errors.raise_for_function(fn, e)
         except OutOfRangeError:
             raise
         except StopIteration as e:  # TF raises its OutOfRangeError from the call

@@ -152,7 +152,9 @@ def make_body(strategy: Any, cdo: Any, n: int, get_fn: Callable, sig: tuple, inf
         with _context.enter(_context.replica_state(strategy, ctx)):
             try:
                 out = get_fn()(*args, **kwargs)
-            except _user_errors.CONCRETE_VALUE_ERRORS as e:
+            except _user_errors.STEP_ERRORS as e:
+                if not _user_errors.is_step_error(e):
+                    raise
                 _user_errors.raise_for_step(get_fn(), e)
         leaves, info["treedef"] = jax.tree.flatten(out)
         traced = [

@@ -25,6 +25,9 @@ CONCRETE_VALUE_ERRORS: tuple[type[BaseException], ...] = (
     jax.errors.ConcretizationTypeError,
 )
 
+# What `is_step_error` looks among (a traced shape is JAX's TypeError).
+STEP_ERRORS: tuple[type[BaseException], ...] = (*CONCRETE_VALUE_ERRORS, TypeError)
+
 _JAXDIST = sys.modules[__name__.partition(".")[0]]  # the package, wherever this module is
 _NOT_THE_USERS = tuple(
     os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in (jax, jaxlib, _JAXDIST)
@@ -41,10 +44,36 @@ _FIX = {
         "an array (jnp indexing, lax.dynamic_slice), or loop with lax.fori_loop"
     ),
 }
+_SHAPE_FIX = (
+    "a Python int of a traced value as a shape (jnp.zeros(k), reshape): a number passed in "
+    "args is traced, as jax.jit traces it, and strategy.run takes no static_argnums. Bind it "
+    "with functools.partial(step, k=3) (a static number: each value compiles once), or close "
+    "over it (a number the step closes over or reads from self is not static: it is re-read "
+    "on every call, and traced again when it changes where a shape needs its value)"
+)
 _CONCRETE_FIX = (
     "a concrete number of a traced value (a shape, a size or a Python number computed from "
     "it). Compute with jnp / lax on the array instead (jnp.where, lax.cond)"
 )
+
+
+def is_shape_error(error: BaseException) -> bool:
+    """Whether ``error`` is JAX's for a traced value used as a shape (``jnp.zeros(k)``)."""
+    return isinstance(error, TypeError) and "Shapes must be 1D sequences of concrete" in str(error)
+
+
+def is_step_error(error: BaseException) -> bool:
+    """Whether `raise_for_step` words ``error``: a concrete-value error or a traced shape."""
+    return isinstance(error, CONCRETE_VALUE_ERRORS) or is_shape_error(error)
+
+
+def _where(error: BaseException) -> str:
+    frame = user_frame(error.__traceback__)
+    if frame is None:
+        return ""
+    return f" at {frame.filename}:{frame.lineno}" + (
+        f" ({frame.line.strip()})" if frame.line else ""
+    )
 
 
 def user_frame(tb: TracebackType | None) -> traceback.FrameSummary | None:
@@ -87,16 +116,43 @@ def raise_for_step(fn: Any, error: BaseException) -> NoReturn:
     >>> message.startswith("strategy.run(step): the step at <doctest"), "jnp.where" in message
     (True, True)
     """
-    frame = user_frame(error.__traceback__)
-    where = (
-        f" at {frame.filename}:{frame.lineno}" + (f" ({frame.line.strip()})" if frame.line else "")
-        if frame is not None
-        else ""
-    )
+    where = _where(error)
     fix = next((text for kind, text in _FIX.items() if isinstance(error, kind)), _CONCRETE_FIX)
+    if is_shape_error(error):
+        fix = _SHAPE_FIX
     raise TypeError(
         f"strategy.run({step_name(fn)}): the step{where} needs {fix}. The step is traced once "
         "for every replica, so its values are traced arrays, not Python numbers; a value that "
         "should stay a Python constant can be closed over (or given as a bool, str or None) "
         f"instead of passed as an array. (JAX's error: {type(error).__name__})"
+    ) from error
+
+
+def raise_for_function(fn: Any, error: BaseException) -> NoReturn:
+    """Raises a `TypeError` from ``error`` (`is_step_error`) raised while a ``jd.function`` of
+    ``fn`` was traced with an array where its Python needs a number (``range(steps)``,
+    ``jnp.zeros(k)``): names the user's line and the fix.
+
+    >>> import jax, jax.numpy as jnp
+    >>> def train(x, steps):
+    ...     for _ in range(steps):
+    ...         x = x + 1
+    ...     return x
+    >>> try:
+    ...     try:
+    ...         jax.jit(train)(1.0, jnp.asarray(3))
+    ...     except jax.errors.TracerIntegerConversionError as e:
+    ...         raise_for_function(train, e)
+    ... except TypeError as error:
+    ...     message = str(error)
+    >>> message.startswith("jd.function(train): the function at <doctest"), "fori_loop" in message
+    (True, True)
+    """
+    raise TypeError(
+        f"jd.function({step_name(fn)}): the function{_where(error)} needs a Python number of "
+        "an array argument (a loop count, a shape): the function's array arguments are traced. "
+        "Pass a Python int (a number argument of a jd.function is static where its value is "
+        "needed, as in tf.function: each value traces once), or keep it an array and loop with "
+        "lax.fori_loop(0, steps, body, x) / lax.while_loop (shapes must be Python ints). "
+        f"(JAX's error: {type(error).__name__})"
     ) from error

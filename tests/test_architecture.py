@@ -122,6 +122,11 @@ ALLOWED = {
     # (keras>=3.10,<3.16) and covered by tests/test_keras.py: the metric update of Keras' own
     # JAX train_step / test_step.
     "model._update_metrics_variables",
+    # Keras' optimizer variable list, trimmed back when a build inside a trace is refused
+    # (jaxdist/_keras/variables.py, covered by tests/test_porter_traps2.py)
+    "optimizer._variables",
+    # TF's private StrategyExtended method that Model Garden's grad_utils calls (issue 48)
+    "s.extended._replica_ctx_all_reduce",
     # namedtuple's documented method, as tests/test_state_kinds.py's state uses it
     "m.cfg._replace",
     "self.cfg._replace",

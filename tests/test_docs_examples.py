@@ -32,6 +32,7 @@ def test_the_examples_are_found():
     assert {
         "getting-started.md",
         "guides/training-loops.md",
+        "guides/porting.md",
         "guides/state.md",
         "guides/input.md",
         "guides/keras.md",

@@ -41,6 +41,7 @@ ALLOWED = {
     "guides/multi-worker.md",
     "guides/recipes.md",
     "guides/state.md",
+    "guides/porting.md",
     "guides/testing.md",
     "guides/training-loops.md",
 }

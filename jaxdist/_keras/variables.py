@@ -48,6 +48,8 @@ def install() -> None:
     _PATCHED["apply"] = original = keras.optimizers.Optimizer.apply
 
     def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
+        if not self.built and (_in_replica_step() or _context.in_function()):
+            _build_outside_trace(self, trainable_variables)
         return original(self, summed(grads), trainable_variables)
 
     apply.__doc__ = original.__doc__
@@ -60,6 +62,30 @@ def install() -> None:
         return layout(tensor, layout_)
 
     distribution_lib.distribute_tensor = distribute_tensor
+
+
+def _build_outside_trace(optimizer: Any, trainable_variables: Any) -> None:
+    """Builds ``optimizer`` on its first ``apply`` inside a traced step where that adds no
+    variable (SGD without momentum); raises where it would (Adam's slots: values created while
+    the step is traced, which no later call could read), naming the fix. TF's ``tf.function``
+    fails there too on 2+ replicas."""
+    if trainable_variables is None:
+        return
+    variables = list(trainable_variables)
+    before = len(optimizer._variables)
+    optimizer.build(variables)
+    if len(optimizer._variables) == before:
+        return
+    del optimizer._variables[before:]
+    optimizer.built = False
+    name = type(optimizer).__name__
+    raise RuntimeError(
+        f"The Keras optimizer {name} was built by its first apply_gradients inside a traced "
+        "step (strategy.run or a jd.function): the slot variables it creates there are values "
+        "of the trace, which no later call can read. Build it in the strategy's scope first: "
+        "optimizer.build(model.trainable_variables) after creating the model (TF's tf.function "
+        "fails there too, on 2 or more replicas)."
+    )
 
 
 def _in_replica_step() -> bool:

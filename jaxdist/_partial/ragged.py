@@ -334,5 +334,7 @@ def _user_traced(strategy: Any, cdo: Any, fn: Callable, *how: Any) -> tuple:
     batches."""
     try:
         return _replay.trace(strategy, cdo, fn, *how)
-    except _user_errors.CONCRETE_VALUE_ERRORS as e:
+    except _user_errors.STEP_ERRORS as e:
+        if not _user_errors.is_step_error(e):
+            raise
         _user_errors.raise_for_step(fn, e)

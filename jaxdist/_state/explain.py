@@ -25,7 +25,8 @@ _HEADINGS = (
 
 def explain(fn: Callable) -> str:
     """What jaxdist re-reads of ``fn``'s state on each eager `Strategy.run` call, for
-    each of its cached traces (newest first), as Python names it.
+    each of its cached traces (newest first), as Python names it. ``fn`` may be a
+    ``jd.function`` (its traces are listed).
 
     >>> import jax.numpy as jnp, jaxdist as jd
     >>> class Trainer:
@@ -51,7 +52,13 @@ def explain(fn: Callable) -> str:
     """
     if not callable(fn):
         raise TypeError(f"explain(fn) takes the function given to strategy.run; got {fn!r}.")
-    traces = [e for entry in _compile.steps.entries(fn) for e in entry if isinstance(e, Staged)]
+    fn = getattr(fn, "python_function", fn)  # a jd.function: the traces of what it wraps
+    traces = [
+        staged
+        for entry in _compile.steps.entries(fn)
+        for e in (entry if isinstance(entry, (tuple, list)) else (entry,))
+        if isinstance(staged := getattr(e, "staged", e), Staged)
+    ]
     plural = "" if len(traces) == 1 else "s"
     lines = [f"{describe(fn)}: {len(traces)} cached trace{plural}"]
     for k, staged in enumerate(traces, 1):
