@@ -280,6 +280,7 @@ def take_assigned(
     now = dict(_capture.walk(fn, set()))
     places = assigned(fn, before, ours, skip, now)
     check(fn, places)
+    _refuse_hidden(fn, places, ours)
     if constants:
         places += constant_places(before, now, skip, places)
     records: list = []
@@ -320,6 +321,39 @@ def constant_places(before: dict[Chain, Any], now: dict[Chain, Any], skip: set, 
 
 _CONSTANTS = frozenset((bool, str, type(None), bytes, np.bool_))
 _CONSTANT_PLACES = frozenset(("attr", "getattr", "global", "cell", "fattr", "item"))
+
+
+def _refuse_hidden(fn: Callable, places: list, ours: Callable[[Any], bool]) -> None:
+    """Raises (the state put back first) where an assigned value holds a value the trace
+    computed inside an object JAX does not see into (an unregistered dataclass): it cannot
+    be written back, and would leave a dead tracer in the user's object."""
+    for chain, _, new in places:
+        for leaf in jax.tree.leaves(new):
+            if not ours(leaf) and _holds(leaf, ours, 3):
+                restore(fn, [(c, old) for c, old, _ in places])
+                where, kind = _chains.describe(fn, chain), type(leaf).__name__
+                raise RuntimeError(
+                    f"The function {getattr(fn, '__qualname__', fn)} assigned {where} a "
+                    f"{kind} holding values it computed, but {kind} is not a pytree, so "
+                    "jaxdist cannot write those values back after the call (they would be "
+                    f"dead tracers). Register {kind} as a pytree (@jax.tree_util."
+                    "register_dataclass, flax.struct.dataclass), or assign its arrays to "
+                    "places of their own (a dict, a list, attributes)."
+                )
+
+
+def _holds(obj: Any, ours: Callable[[Any], bool], depth: int) -> bool:
+    """Whether ``obj``'s own attributes (or a container's items) reach a value ``ours``
+    accepts, within ``depth`` links (no user code runs)."""
+    if depth == 0 or _peek.is_a(obj, (str, bytes, int, float, complex, np.ndarray, jax.Array)):
+        return False
+    own = _peek.instance_dict(obj)
+    kids = list(own.values()) if own is not None else []
+    if _peek.is_a(obj, (list, tuple, set, frozenset)):
+        kids = list(obj)
+    elif _peek.is_a(obj, dict):
+        kids = list(dict.values(obj))
+    return any(ours(k) or _holds(k, ours, depth - 1) for k in kids)
 
 
 def number_places(before: dict[Chain, Any], swapped: Any) -> set:
