@@ -135,6 +135,10 @@ SLOW_FILES = {  # test file: why it is in the slow tier
     "test_state_numbers.py": "10,000 calls and compile counts of Python numbers in state",
     "test_state_reads.py": "real TF programs run as written: compiles per case",
     "test_state_review.py": "the state review's cases: compiles per case",
+    "test_state_routes.py": "every state route at every replica count: compiles per case",
+    "test_state_routes3.py": "more state routes at every replica count: compiles per case",
+    "test_replica_state_keras.py": "Keras models trained in the replica step: seconds per case",
+    "test_tf_variables.py": "TF's custom-training tutorial with Keras: seconds per case",
 }
 SLOW_PREFIXES = {  # test files named so: why they are in the slow tier
     "test_sweep_": "a property sweep (hypothesis draws, each a compile)",
