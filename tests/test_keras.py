@@ -43,7 +43,7 @@ def _no_leaked_keras_distribution():
     assert keras.distribution.distribution() is None, "this test left a scope's hook"
 
 
-def build(name="dense"):
+def build(name="dense", cls=None):
     L = keras.layers
     if name == "dense":
         layers = [L.Input((16,)), L.Dense(32, activation="relu"), L.Dense(2)]
@@ -55,7 +55,7 @@ def build(name="dense"):
             L.ReLU(),
             L.Dense(2),
         ]
-    model = keras.Sequential(layers)
+    model = (cls or keras.Sequential)(layers)
     r = np.random.default_rng(1)
     for layer in model.layers:
         if isinstance(layer, L.Dense):
@@ -428,16 +428,17 @@ def test_unsupported_keras_version_is_a_clear_error(monkeypatch):
     assert not jd.has_strategy()
 
 
-def test_a_custom_train_step_is_refused_with_the_recipe():
-    class Custom(keras.Sequential):
-        def train_step(self, state, data):
-            return super().train_step(state, data)
+class OwnStep(keras.Sequential):
+    def train_step(self, state, data):
+        return super().train_step(state, data)
 
-    with mirrored(2).scope():
-        model = Custom([keras.Input((16,)), keras.layers.Dense(2)])
-        model.compile(optimizer="sgd", loss="mse")
-    with pytest.raises(NotImplementedError, match="overrides train_step"):
-        model.fit(X[:64], np.zeros((64, 2), "float32"), batch_size=64, verbose=0)
+
+def test_an_own_train_step_calling_keras_step_gives_tfs_fit():
+    """A model's own train_step runs per replica with TF's meaning (tests/test_keras_override.py);
+    one that calls Keras' own (``super()``) gives TF's answers for Keras' step."""
+    with mirrored(8).scope():
+        model = compile_(build(cls=OwnStep))
+    check_fit(model, model.fit(X, Y, **FIT), TF["dense.sgd.plain.r8"])
 
 
 # -- callbacks and other inputs ------------------------------------------------------------

@@ -2,8 +2,10 @@
 
 The scope's distribution hook and the patched ``keras.Model`` factories (`distribution`),
 the data-parallel step functions (`steps`), one replica's step with TF's rules for combining
-replicas (`replica`), synchronized batch norm (`syncbn`), and ``steps_per_execution``
-batches as one program (`fused`). The only modules that import Keras.
+replicas (`replica`), a model's own ``train_step``/``test_step``/``predict_step`` run per
+replica (`override`) with what Keras' TF backend means by its losses and optimizers there
+(`tfloss`), synchronized batch norm (`syncbn`), and ``steps_per_execution`` batches as one
+program (`fused`). The only modules that import Keras.
 
 May import: the core, and the `_input` wing (Keras' batches are distributed input).
 """

@@ -7,6 +7,7 @@ nothing (`is_empty`, `replica_loss`, `kept_where_undefined`).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import jax
@@ -14,15 +15,22 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
+from jaxdist._keras.tfloss import tf_meaning
 from jaxdist._nn import div_no_nan
 from jaxdist._reduce_op import ReduceOp
 
 
 def train_replica(
-    model: Any, ctx: Any, layout: Layout, state: Any, x: Any, y: Any, sw: Any
+    model: Any, ctx: Any, layout: Layout, state: Any, data: tuple, tf_loss: bool = False
 ) -> tuple:
-    """One replica's Keras train step: TF's loss scaling, one all-reduce, the update."""
+    """One replica's Keras train step: TF's loss scaling, one all-reduce, the update.
+
+    ``tf_loss`` (a model that overrides ``compute_loss``): the loss is what the model computes
+    with TF's meaning of Keras' losses in a replica (`jaxdist._keras.tfloss`: a Keras loss
+    scaled by ``1 / replicas``, a mean written by hand not), and the loss tracker records it
+    multiplied by the replicas, as TF's trainer does."""
     tv, ntv, ov, mv = state
+    x, y, sw = data
     n = ctx.num_replicas_in_sync
 
     def loss_fn(tv: Any) -> tuple:
@@ -30,9 +38,14 @@ def train_replica(
             tv, ntv, mv, x, y, sw, training=True, optimizer_variables=ov
         )
         loss, unscaled = replica_loss(loss), replica_loss(unscaled)
+        if tf_loss:  # Keras' losses scaled in it, its tracked loss unscaled (`tfloss`)
+            return loss, (unscaled, *aux)
         return loss / n, (unscaled, *aux)  # TF: each replica's loss scaled by 1 / replicas
 
-    (_, (unscaled, y_pred, new_ntv, new_mv)), grads = jax.value_and_grad(loss_fn, has_aux=True)(tv)
+    with _meaning(ctx, x, tf_loss):
+        (_, (unscaled, y_pred, new_ntv, new_mv)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            tv
+        )
     # Private Keras API: the metric update of Keras' own JAX train_step.
     _, new_mv = model._update_metrics_variables(new_mv, unscaled, x, y, y_pred, sw)
     if is_empty(x):  # it still ran Keras' step: a synchronized layer's collectives need it
@@ -41,24 +54,32 @@ def train_replica(
     grads, new_mv, new_ntv = layout.combine(ctx, mv, new_mv, new_ntv, grads)
     tv, ov = model.optimizer.stateless_apply(ov, grads, tv)
     logs = metrics_result(model, new_mv)
-    return logs, (tv, new_ntv, ov, new_mv), layout.own_copies(new_ntv)
+    state = (tv, new_ntv, ov, new_mv)
+    return logs, state, layout.own_copies(state)
 
 
 def test_replica(
-    model: Any, ctx: Any, layout: Layout, state: Any, x: Any, y: Any, sw: Any
+    model: Any, ctx: Any, layout: Layout, state: Any, data: tuple, tf_loss: bool = False
 ) -> tuple:
     """One replica's Keras test step: metric updates summed over the replicas."""
     tv, ntv, mv = state
-    _, (unscaled, y_pred, new_ntv, new_mv) = model.compute_loss_and_updates(
-        tv, ntv, mv, x, y, sw, training=False
-    )
+    x, y, sw = data
+    with _meaning(ctx, x, tf_loss):
+        _, (unscaled, y_pred, new_ntv, new_mv) = model.compute_loss_and_updates(
+            tv, ntv, mv, x, y, sw, training=False
+        )
     unscaled = replica_loss(unscaled)
     # Private Keras API: the metric update of Keras' own JAX test_step.
     _, new_mv = model._update_metrics_variables(new_mv, unscaled, x, y, y_pred, sw)
     if is_empty(x):
         new_mv, new_ntv = mv, kept_where_undefined(ntv, new_ntv)
     _, new_mv, new_ntv = layout.combine(ctx, mv, new_mv, new_ntv, None)
-    return metrics_result(model, new_mv), (tv, new_ntv, new_mv), layout.own_copies(new_ntv)
+    state = (tv, new_ntv, new_mv)
+    return metrics_result(model, new_mv), state, layout.own_copies(state)
+
+
+def _meaning(ctx: Any, x: Any, tf_loss: bool) -> contextlib.AbstractContextManager:
+    return tf_meaning(ctx, is_empty(x)) if tf_loss else contextlib.nullcontext()
 
 
 def is_empty(x: Any) -> bool:
@@ -126,27 +147,61 @@ def metrics_result(model: Any, metrics_variables: Any) -> dict:
 
 
 class Layout:
-    """Which non-trainable variables are kept per replica, all-reduced, or replica 0's."""
+    """Which variables are kept per replica (`slots`), and which non-trainable ones are
+    all-reduced (``mean``, ``sum``) or replica 0's.
 
-    def __init__(self, model: Any, strategy: Any) -> None:
+    A slot is ``(part, index)`` in Keras' state: the non-trainable variables of aggregation
+    ``"none"`` (``own``: TF's mirrored variables each replica updates on its own device; the
+    Keras variable holds replica 0's copy) and, for a model's own ``train_step``/``test_step``
+    (``metrics``), every metric variable (TF's sync-on-read metric variables: each replica
+    accumulates its own, a read outside the replicas combines them by their aggregation).
+    """
+
+    def __init__(self, model: Any, strategy: Any, metrics: int | None = None) -> None:
         aggregation = [v.aggregation for v in model.non_trainable_variables]
         self.own = tuple(i for i, a in enumerate(aggregation) if a == "none")
         self.mean = tuple(i for i, a in enumerate(aggregation) if a == "mean")
         self.sum = tuple(i for i, a in enumerate(aggregation) if a == "sum")
         self.sharding = variable_sharding(strategy)
+        self.slots = tuple((1, i) for i in self.own)
+        self.keys = tuple(("ntv", i) for i in self.own)  # the same in train and test functions
+        self.reads = ("first",) * len(self.own)
+        if metrics is not None:  # the part of Keras' state that holds the metric variables
+            mv = model.metrics_variables
+            self.slots += tuple((metrics, j) for j in range(len(mv)))
+            self.keys += tuple(("metric", j) for j in range(len(mv)))
+            self.reads += tuple(_read_of(v.aggregation) for v in mv)
 
     def with_copies(self, state: Any, copies: tuple, ctx: Any) -> Any:
         """The replica's state: its own copies of the per-replica variables."""
-        if not self.own:
+        if not self.slots:
             return state
         rid = ctx.replica_id_in_sync_group
-        ntv = list(state[1])
-        for i, c in zip(self.own, copies):
-            ntv[i] = jax.lax.dynamic_index_in_dim(c, rid, keepdims=False)
-        return (state[0], ntv, *state[2:])
+        state = [list(part) for part in state]
+        for (p, i), c in zip(self.slots, copies):
+            state[p][i] = jax.lax.dynamic_index_in_dim(c, rid, keepdims=False)
+        return tuple(state)
 
-    def own_copies(self, ntv: Any) -> tuple:
-        return tuple(ntv[i][None] for i in self.own)
+    def own_copies(self, state: Any) -> tuple:
+        """This replica's values of the slots (``state``: Keras' state after its step)."""
+        return tuple(state[p][i][None] for p, i in self.slots)
+
+    def primary(self, k: int, copies: Any) -> Any:
+        """Slot ``k``'s value as Keras reads it outside the replicas, from every copy."""
+        read = self.reads[k]
+        if read == "sum":
+            return jnp.sum(copies, axis=0, dtype=copies.dtype)
+        if read == "mean":
+            return jnp.mean(copies, axis=0, dtype=copies.dtype)
+        return copies[0]
+
+    def spread(self, k: int, value: Any, n: int) -> Any:
+        """Every replica's copy of slot ``k`` from a value Keras holds (set from outside: a
+        metric reset): a sum's value on replica 0 and zeros elsewhere, else the value."""
+        if self.reads[k] == "sum":
+            zeros = jnp.zeros((n - 1, *jnp.shape(value)), jnp.result_type(value))
+            return jnp.concatenate([jnp.asarray(value)[None], zeros])
+        return jnp.broadcast_to(value, (n, *jnp.shape(value)))
 
     def combine(self, ctx: Any, old_mv: Any, new_mv: Any, ntv: Any, grads: Any) -> tuple:
         """One SUM all-reduce: gradients, metric updates, mean/sum-aggregated variables
@@ -167,6 +222,11 @@ class Layout:
     def place(self, state: Any) -> Any:
         """Keras' state as mirrored arrays (replicated on the replica devices)."""
         return jax.tree.map(lambda v: jax.lax.with_sharding_constraint(v, self.sharding), state)
+
+
+def _read_of(aggregation: str) -> str:
+    """How TF reads a sync-on-read variable outside the replicas (``"none"``: as replica 0's)."""
+    return {"sum": "sum", "mean": "mean"}.get(aggregation, "first")
 
 
 def variable_sharding(strategy: Any) -> jax.sharding.Sharding:

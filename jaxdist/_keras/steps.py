@@ -38,6 +38,11 @@ in-flight bound (`jaxdist._inflight`). With several workers, jaxdist traces no
 partial batch inside `jax.jit`: that step runs eagerly through ``strategy.run``
 (`StepFunction._eager`), on each worker's copy of the state.
 
+A model that overrides ``train_step``/``test_step``/``predict_step`` runs its own step per
+replica instead (`jaxdist._keras.override`: TF's meaning of its losses, optimizers and metrics),
+in the same programs; one that overrides only ``compute_loss`` runs Keras' step with TF's
+meaning of that loss (`train_replica`'s ``tf_loss``).
+
 On one replica (a `OneDeviceStrategy` or a one-device `MirroredStrategy` scope), a batch the
 host split takes runs a direct program (`StepFunction._one_program`): Keras' own step with
 the one replica's (identity) rules, no per-replica copies, no marker output, no layout
@@ -61,14 +66,17 @@ from jaxdist import _inflight
 from jaxdist._default import get_replica_context
 from jaxdist._input.place import Placer
 from jaxdist._keras.fused import host_split, numpy_rows, same_shapes, scan_steps
+from jaxdist._keras.override import metrics_part, overrides, own_loss, replica_step
 from jaxdist._keras.replica import Layout, test_replica, train_replica
+from jaxdist._keras.tfloss import install as install_tf_meaning
 from jaxdist._layout import rows_as_replicated
 from jaxdist._options import InputOptions
 from jaxdist._value_layout import stacked
 from jaxdist._values import from_stacked, is_distributed
 
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""model -> (the primaries of its per-replica variables, as last returned; all replicas' copies)."""
+"""model -> {slot key: (the primary of a per-replica variable as last returned, every replica's
+copies)} (`Layout.keys`)."""
 
 _WHOLE_BATCH: contextvars.ContextVar[bool] = contextvars.ContextVar("keras_whole", default=False)
 
@@ -94,18 +102,8 @@ def is_for(fn: Any, strategy: Any) -> bool:
 
 def make_function(model: Any, strategy: Any, kind: str) -> StepFunction:
     """``model.<kind>_function`` for a model of ``strategy`` (kind: train, test, predict)."""
-    _check_overrides(model, kind)
+    install_tf_meaning()
     return StepFunction(model, strategy, kind)
-
-
-def _check_overrides(model: Any, kind: str) -> None:
-    name = f"{kind}_step"
-    if getattr(type(model), name) is not getattr(keras.Model, name):
-        raise NotImplementedError(
-            f"{type(model).__name__} overrides {name}; under a jaxdist strategy model.fit/"
-            "evaluate/predict run Keras' own steps per replica. Write the loop yourself "
-            "(docs/guides/keras.md: custom training loops with stateless_call and strategy.run)."
-        )
 
 
 class StepFunction:
@@ -126,7 +124,9 @@ class StepFunction:
         self.strategy = strategy
         self.kind = kind
         self.traces = 0
-        self.layout = Layout(model, strategy)
+        self.override = overrides(model, kind)  # the model's own step (`jaxdist._keras.override`)
+        self.tf_loss = own_loss(model) and not self.override
+        self.layout = Layout(model, strategy, metrics_part(kind) if self.override else None)
         self._source: Any = None
         self._returned: Any = None
         self._batches: Any = None
@@ -256,18 +256,25 @@ class StepFunction:
         return state
 
     def _keep(self, state: Any, copies: tuple) -> Any:
-        if self.layout.own:
-            _COPIES[self.model()] = (tuple(state[1][i] for i in self.layout.own), copies)
+        if self.layout.slots:
+            kept = _COPIES.setdefault(self.model(), {})
+            for k, ((p, i), key) in enumerate(zip(self.layout.slots, self.layout.keys)):
+                kept[key] = (state[p][i], copies[k])
         self._returned = state
         return state
 
     def _copies_for(self, state: Any) -> tuple:
-        own = self.layout.own
-        primaries, copies = _COPIES.get(self.model(), ((), ()))
-        if len(primaries) == len(own) and all(state[1][i] is p for i, p in zip(own, primaries)):
-            return copies
-        n = self.strategy.num_replicas_in_sync
-        return tuple(jnp.broadcast_to(state[1][i], (n, *state[1][i].shape)) for i in own)
+        """Every replica's copy of each slot: as the last step left them while Keras' variable
+        still holds the value it gave it (train and test functions share them: `evaluate`
+        reads the batch-norm statistics each replica trained), else from Keras' value."""
+        kept = _COPIES.get(self.model(), {})
+        out = []
+        for k, ((p, i), key) in enumerate(zip(self.layout.slots, self.layout.keys)):
+            primary, copies = kept.get(key, (None, None))
+            if state[p][i] is not primary:
+                copies = self.layout.spread(k, state[p][i], self.strategy.num_replicas_in_sync)
+            out.append(copies)
+        return tuple(out)
 
     def _program(self, state: Any, copies: tuple, batch: Any, whole: bool) -> tuple:
         self.traces += 1
@@ -294,12 +301,12 @@ class StepFunction:
         return outputs, state
 
     def _one_step(self, state: Any, copies: tuple, raw: Any) -> tuple:
-        own = self.layout.own
-        copies = tuple(state[1][i][None] for i in own)
+        slots = self.layout.slots
+        copies = tuple(state[p][i][None] for p, i in slots)
         outputs, state, copies = self.strategy.run(self._replica, args=(state, copies, raw))
         state = [list(s) for s in state]
-        for k, i in enumerate(own):
-            state[1][i] = copies[k][0]
+        for k, (p, i) in enumerate(slots):
+            state[p][i] = copies[k][0]
         return outputs, tuple(state), ()
 
     def _step(self, state: Any, copies: tuple, raw: Any) -> tuple:
@@ -330,9 +337,8 @@ class StepFunction:
             outputs = first(outputs)[0]
         copies = tuple(s.gather(c, axis=0) for c in copies)
         state = self._same_everywhere(state, list(first(state)[0]))
-        state[1] = list(state[1])
-        for k, i in enumerate(self.layout.own):  # replica 0's copy (TF's primary)
-            state[1][i] = copies[k][0]
+        for k, (p, i) in enumerate(self.layout.slots):  # as TF reads it (replica 0's: primary)
+            state[p][i] = self.layout.primary(k, copies[k])
         return outputs, place(tuple(state)), place(copies)
 
     def _same_everywhere(self, out: Any, state: list) -> list:
@@ -340,16 +346,19 @@ class StepFunction:
         (trainable, optimizer and metric variables; all-reduced non-trainable ones) kept
         where each replica computed them (`rows_as_replicated`): no copy of the model
         from replica 0 to the others on every step."""
+        state = [list(part) for part in state]
         if self._n == 1:
             return state
+        slots = set(self.layout.slots)
         same = [
             (p, i)
             for p, part in enumerate(out)
             for i, v in enumerate(part)
-            if (p != 1 or i in self.layout.mean + self.layout.sum) and is_distributed(v)
+            if (p != 1 or i in self.layout.mean + self.layout.sum)
+            and (p, i) not in slots
+            and is_distributed(v)
         ]
         rows = rows_as_replicated([stacked(out[p][i]) for p, i in same], self._replicas)
-        state = [list(part) for part in state]
         for (p, i), v in zip(same, rows):
             state[p][i] = v
         return state
@@ -358,10 +367,12 @@ class StepFunction:
         ctx = get_replica_context()
         model = self.model()
         state = self.layout.with_copies(state, copies, ctx)
+        if self.override:
+            return replica_step(model, ctx, self.layout, self.kind, state, data)
         x, y, sw = keras.utils.unpack_x_y_sample_weight(data)
         if self.kind == "predict":
             y_pred, ntv = model.predict_step(state, data)
-            return y_pred, (state[0], ntv), self.layout.own_copies(ntv)
+            return y_pred, (state[0], ntv), self.layout.own_copies((state[0], ntv))
         if self.kind == "train":
-            return train_replica(model, ctx, self.layout, state, x, y, sw)
-        return test_replica(model, ctx, self.layout, state, x, y, sw)
+            return train_replica(model, ctx, self.layout, state, (x, y, sw), self.tf_loss)
+        return test_replica(model, ctx, self.layout, state, (x, y, sw), self.tf_loss)

@@ -1,0 +1,128 @@
+"""A model's own ``train_step`` / ``test_step`` / ``predict_step`` under a strategy, run on
+every replica with TF's meaning (``tf.distribute.MirroredStrategy``'s ``fit`` runs
+``strategy.run(train_step)``; see `jaxdist._keras.steps` for the program around it).
+
+* Losses and optimizers inside the step mean what they mean on Keras' TF backend
+  (`jaxdist._keras.tfloss`): a Keras loss is scaled by ``1 / num_replicas_in_sync``, and every
+  optimizer's ``stateless_apply`` (``self.optimizer``, a GAN's ``d_optimizer`` and
+  ``g_optimizer``) applies the gradients summed over the replicas.
+* Trainable and optimizer variables are TF's mirrored variables, which a replica updates through
+  its optimizer: each value the step returns for them is the optimizer's output (or the value it
+  was given), the same on every replica; any other is an error naming the variable (jaxdist could
+  only keep one replica's).
+* Metric variables are TF's sync-on-read ones: each replica accumulates its own (kept per replica,
+  `jaxdist._keras.replica.Layout`), and Keras reads their sum (``get_metrics_result``: History
+  and ``evaluate`` when the step returns ``self.metrics``' names); the logs the step returns are
+  the mean over the replicas of each replica's logs (TF's ``reduce_per_replica``, ``"auto"``).
+* Non-trainable variables follow their ``aggregation`` as in Keras' own step (per replica,
+  all-reduced or replica 0's); a replica with no rows keeps the ones its step left undefined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import keras
+
+from jaxdist._keras.replica import Layout, is_empty, kept_where_undefined
+from jaxdist._keras.tfloss import ReplicaTrace, tf_meaning
+from jaxdist._reduce_op import ReduceOp
+
+
+def overrides(model: Any, kind: str) -> bool:
+    """Whether ``model`` overrides Keras' ``<kind>_step``."""
+    name = f"{kind}_step"
+    return getattr(type(model), name) is not getattr(keras.Model, name)
+
+
+def own_loss(model: Any) -> bool:
+    """Whether ``model`` overrides ``compute_loss`` (Keras' own step then has TF's meaning of
+    it: `jaxdist._keras.replica.train_replica` with ``tf_loss``)."""
+    return type(model).compute_loss is not keras.Model.compute_loss
+
+
+def metrics_part(kind: str) -> int | None:
+    """Where Keras' state for ``kind`` holds the metric variables (None: it has none)."""
+    return {"train": 3, "test": 2}.get(kind)
+
+
+def replica_step(model: Any, ctx: Any, layout: Layout, kind: str, state: Any, data: Any):
+    """One replica's own step: ``(outputs, Keras' state, the per-replica copies)``."""
+    empty = is_empty(data)
+    with tf_meaning(ctx, empty) as trace:
+        out, new = getattr(model, f"{kind}_step")(state, data)
+    if kind == "predict":
+        new = (state[0], _kept(state[1], new, empty))
+        return out, new, layout.own_copies(new)
+    new = [list(part) for part in new]
+    _check_mirrored(model, kind, trace, state[0], new[0], _names(model.trainable_variables))
+    if kind == "train":
+        names = _names(model.optimizer.variables) if model.optimizer is not None else []
+        _check_mirrored(model, kind, trace, state[2], new[2], names)
+    new[1] = _aggregated(ctx, layout, _kept(state[1], new[1], empty))
+    new_state = tuple(new)
+    return _mean_logs(ctx, out), new_state, layout.own_copies(new_state)
+
+
+def _names(variables: Sequence) -> list[str]:
+    return [getattr(v, "path", getattr(v, "name", "?")) for v in variables]
+
+
+def _kept(old: Any, new: Any, empty: bool) -> list:
+    return list(kept_where_undefined(list(old), list(new))) if empty else list(new)
+
+
+def _check_mirrored(
+    model: Any, kind: str, trace: ReplicaTrace, old: Any, new: list, names: list[str]
+) -> None:
+    """Raises unless every value is the one given or an optimizer's output."""
+    if len(new) != len(old):
+        raise ValueError(
+            f"{type(model).__name__}.{kind}_step returned {len(new)} values where Keras' state "
+            f"holds {len(old)} ({names[:3]}...)."
+        )
+    for i, (o, v) in enumerate(zip(old, new)):
+        if v is o or (kind == "train" and trace.made_here(v)):
+            continue
+        name = names[i] if i < len(names) else f"#{i}"
+        raise NotImplementedError(
+            f"{type(model).__name__}.{kind}_step under a jaxdist strategy returned a new value "
+            f"for the variable {name!r} that no optimizer's stateless_apply computed. TF updates "
+            "a mirrored variable in a replica only through an optimizer (which sums the "
+            "replicas' gradients first); jaxdist cannot tell that this value is the same on "
+            "every replica, and will not keep one replica's. Update it with "
+            "optimizer.stateless_apply, or write the loop yourself (docs/guides/keras.md)."
+        )
+
+
+def _aggregated(ctx: Any, layout: Layout, ntv: list) -> list:
+    """Non-trainable variables of aggregation ``mean``/``sum`` all-reduced (TF's mirrored
+    variables assigned in a replica)."""
+    agg = layout.mean + layout.sum
+    if not agg or ctx.num_replicas_in_sync == 1:
+        return ntv
+    values = ctx.all_reduce(ReduceOp.SUM, [ntv[i] for i in agg])
+    n = ctx.num_replicas_in_sync
+    for k, i in enumerate(agg):
+        ntv[i] = values[k] / n if k < len(layout.mean) else values[k]
+    return ntv
+
+
+def _mean_logs(ctx: Any, logs: Any) -> Any:
+    """The logs' floating-point values averaged over the replicas (TF's ``reduce_per_replica``
+    with ``"auto"``: the mean, for a ``MirroredStrategy``); other values replica 0's."""
+    if ctx.num_replicas_in_sync == 1:
+        return logs
+    leaves, treedef = jax.tree.flatten(logs)
+    at = [i for i, v in enumerate(leaves) if _is_float(v)]
+    if at:
+        means = ctx.all_reduce(ReduceOp.MEAN, [leaves[i] for i in at])
+        for i, v in zip(at, means):
+            leaves[i] = v
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def _is_float(value: Any) -> bool:
+    return isinstance(value, jax.Array) and jax.numpy.issubdtype(value.dtype, jax.numpy.inexact)
