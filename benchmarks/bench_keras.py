@@ -16,6 +16,8 @@ distribution -- reaches another):
   documents it: ``keras.distribution.set_distribution(dp)`` before the model is built and while
   ``fit`` runs (no jaxdist imported);
 * ``custom_jaxdist``: jaxdist's jitted custom loop on the same Keras model (the README recipe);
+* ``fit_override``: ``fit_jaxdist`` of a model whose own ``train_step`` is Keras' (``super()``'s),
+  run as an override with TF's meaning (``python -m benchmarks.bench_keras --override``: it alone);
 * ``fit_one_device``: plain Keras ``fit`` in a process with one CPU device (no jaxdist).
 
 And the tiny one-device case of issue 30: Dense 16-16-4 at batch 32 on one CPU device, plain
@@ -54,6 +56,7 @@ LOOPS = [
     ("fit_keras_dataparallel", "keras_dp", 1, R, {}),
     (f"fit_keras_dataparallel_pool{2 * R}", "keras_dp", 1, R, POOL),
     ("custom_jaxdist", "custom", 1, R, {}),
+    ("fit_override", "override", 1, R, {}),  # the model's own train_step (Keras' body)
     ("fit_one_device", "plain", 1, 1, {}),
 ]
 # two processes of each: one process against another of the same configuration differs by up
@@ -114,15 +117,17 @@ def _fit_epoch(kind, how, spe, devices):
     """One-epoch function of a `fit` configuration (the process's one)."""
     import numpy as np
 
-    if how == "jaxdist":
+    if how in ("jaxdist", "override"):
         import jaxdist as jd  # before Keras starts JAX: jaxdist sizes XLA's CPU pool
     import keras
 
     x, y, batch = fit_data(kind, _steps(kind, devices), np)
-    if how == "jaxdist":  # devices=0: every device jax.devices() gives (--accelerator)
+    if how in ("jaxdist", "override"):  # devices=0: every device jax.devices() gives
         strategy = jd.MirroredStrategy([f"/cpu:{i}" for i in range(devices)] or None)
         with strategy.scope():
             model = build_model(kind, keras)
+            if how == "override":
+                model = _own_step(keras)(model.layers)
             compile_model(model, keras, spe)
     else:
         if how == "keras_dp":  # Keras' docs: the distribution set before building and fitting
@@ -138,6 +143,14 @@ def _fit_epoch(kind, how, spe, devices):
         return model.trainable_variables[0].value
 
     return epoch
+
+
+def _own_step(keras):
+    class OwnStep(keras.Sequential):
+        def train_step(self, state, data):
+            return super().train_step(state, data)
+
+    return OwnStep
 
 
 def _custom_epoch(kind, devices):
@@ -370,6 +383,17 @@ def accelerator(rounds=5):
     return {"title": "bench_keras --accelerator", **results, "markdown": "\n".join(parts)}
 
 
+def override_only(rounds=5):
+    """``--override``: the MLP's ``fit`` with a model's own ``train_step`` (Keras' body, run as
+    an override) against the built-in step's, on 8 simulated devices."""
+    from benchmarks import common
+
+    loops = [LOOPS[0], next(loop for loop in LOOPS if loop[1] == "override")]
+    rows = _rows(group("mlp", loops, rounds), "fit_jaxdist")[0]
+    h = ["loop", "ms/step median (range)", "fit_jaxdist time / this (range)", "first epoch s"]
+    return common.table(h, rows)
+
+
 def targets(results):
     """The issues' targets against this run's figures: rows (target, measured, met)."""
     rows = []
@@ -405,6 +429,8 @@ if __name__ == "__main__":
         i = sys.argv.index("--worker")
         kind, how, spe, devices = sys.argv[i + 1 : i + 5]
         worker(kind, how, int(spe), int(devices))
+    elif "--override" in sys.argv:
+        print(override_only(rounds=3 if "--quick" in sys.argv else 5))
     elif "--accelerator" in sys.argv:
         print(accelerator(rounds=3 if "--quick" in sys.argv else 5)["markdown"])
     else:
