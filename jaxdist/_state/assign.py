@@ -330,8 +330,8 @@ def _refuse_hidden(fn: Callable, places: list, ours: Callable[[Any], bool]) -> N
     for chain, _, new in places:
         for leaf in jax.tree.leaves(new):
             if not ours(leaf) and _holds(leaf, ours, 3):
-                restore(fn, [(c, old) for c, old, _ in places])
                 where, kind = _chains.describe(fn, chain), type(leaf).__name__
+                restore(fn, [(c, old) for c, old, _ in places])
                 raise RuntimeError(
                     f"The function {getattr(fn, '__qualname__', fn)} assigned {where} a "
                     f"{kind} holding values it computed, but {kind} is not a pytree, so "

@@ -37,6 +37,7 @@ mapped, how an output becomes the value written back.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -267,7 +268,8 @@ def with_state(fn: Callable, body: Callable, chains: list[Chain], info: dict) ->
             try:
                 outs = list(body(*arrays[:k]))
             except BaseException:
-                _assign.take_assigned(fn, before, skip, _nothing)
+                with contextlib.suppress(RuntimeError):  # (the step's own error is the one)
+                    _assign.take_assigned(fn, before, skip, _nothing)
                 raise
             info["assigned"], extra = _assign.take_assigned(fn, before, skip, _nothing)
         info["n_assigned"] = len(extra)

@@ -23,6 +23,7 @@ NumPy array computed from NumPy state a warning.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -241,7 +242,8 @@ class Staged(Calls):
                         outs = list(body(*args[:k]))
                     except BaseException:
                         if self._writes:  # what it assigned before failing is put back
-                            self._take_assigned(fn, before, set(numbers))
+                            with contextlib.suppress(RuntimeError):  # (its own error is the one)
+                                self._take_assigned(fn, before, set(numbers))
                         raise
                     arrays.check_written()
                     if not self._writes and arrays.written:
