@@ -80,12 +80,15 @@ def _eqn(eqn: Any, ins: list[bool], axis: str) -> list[bool]:
     subs = _subjaxprs(params)
     if not subs:
         return [any(ins)] * n
-    if name == "cond":
-        return _cond(subs, ins, axis, n)
-    if name == "while":
-        return _while(params, ins, axis, n)
-    if name == "scan":
-        return _scan(params, ins, axis, n)
+    try:
+        if name == "cond":
+            return _cond(subs, ins, axis, n)
+        if name == "while":
+            return _while(params, ins, axis, n)
+        if name == "scan":
+            return _scan(params, ins, axis, n)
+    except (KeyError, IndexError, TypeError):  # another JAX's parameters: the safe answer
+        return [any(ins) or any(_splits(j, axis) for j in subs)] * n
     one = subs[0]
     if len(subs) == 1 and len(one.invars) == len(ins) and len(one.outvars) == n:
         return varying(one, ins, axis)  # a call: jit, remat, custom_jvp/vjp, shard_map
