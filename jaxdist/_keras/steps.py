@@ -71,6 +71,7 @@ from jaxdist._keras.replica import Layout, test_replica, train_replica
 from jaxdist._keras.tfloss import install as install_tf_meaning
 from jaxdist._layout import rows_as_replicated
 from jaxdist._options import InputOptions
+from jaxdist._state.replica import explicit_state
 from jaxdist._value_layout import stacked
 from jaxdist._values import from_stacked, is_distributed
 
@@ -363,6 +364,7 @@ class StepFunction:
             state[p][i] = v
         return state
 
+    @explicit_state  # Keras' state comes in as arguments and goes out as outputs
     def _replica(self, state: Any, copies: tuple, data: Any) -> tuple:
         ctx = get_replica_context()
         model = self.model()

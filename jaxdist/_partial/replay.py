@@ -185,10 +185,7 @@ def trace_group(
         if swap is not None:  # starts from them, and gives what it stores there
             swap.restart()
         with rows, _context.enter(_context.replica_state(strategy, ctx)):
-            before = _assign.snapshot(fn)
-            numbers = _assign.number_places(before, swap)  # (their tracers, before the step)
-            out = fn(*args, **kwargs)
-            info["assigned"], assigned = _assign.take_assigned(fn, before, numbers, _any)
+            out, info["assigned"], assigned = _assigning(fn, args, kwargs, swap)
         written = swap.pending() if swap is not None else []
         info["written"] = [i for i, _ in written]
         out_leaves, info["tree"] = jax.tree.flatten(out)
@@ -214,6 +211,19 @@ def trace_group(
     assigned = (info["assigned"], flags, _varying.slices(closed, at, AXIS, dynamic))
     how = (info["tree"], info["layout"], info["trace"], info["written"], assigned)
     return _Traced(closed, args, *how)
+
+
+def _assigning(fn: Callable, args: tuple, kwargs: dict, swap: Any) -> tuple:
+    """``fn(*args, **kwargs)`` in the running trace, what it assigned in its state taken
+    out (`jaxdist._state.assign.take_assigned`'s records and leaves): the output, records,
+    leaves. A step taking its state as arguments (`jaxdist._state.replica.explicit_state`)
+    assigns nothing: its objects are not walked."""
+    if _replica.is_explicit(fn):
+        return fn(*args, **kwargs), [], []
+    before = _assign.snapshot(fn)
+    numbers = _assign.number_places(before, swap)  # (their tracers, before the step)
+    out = fn(*args, **kwargs)
+    return (out, *_assign.take_assigned(fn, before, numbers, _any))
 
 
 def _any(fn: Callable, places: list) -> None:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -218,9 +219,31 @@ def _readable(value: Any, num: int) -> bool:
     return isinstance(data, jax.Array) and data.shape[:1] == (num,)
 
 
+_EXPLICIT = "_jaxdist_explicit_state"
+
+
+def explicit_state(fn: Callable) -> Callable:
+    """Marks ``fn`` (a function, or a method's function) as a replica step that takes all of
+    its state as arguments and returns it (jaxdist's own Keras steps): its objects hold no
+    variable it reads or assigns, so none is looked for (`places`, `is_explicit`). Walking
+    the objects such a step reaches (a Keras model, its optimizer, the strategy) would cost
+    seconds at every trace and find nothing."""
+    setattr(fn, _EXPLICIT, True)
+    return fn
+
+
+def is_explicit(fn: Callable) -> bool:
+    """Whether ``fn`` is a step marked by `explicit_state` (a bound method: its function)."""
+    inner = fn.__func__ if type(fn) is types.MethodType else fn
+    return type(inner) is types.FunctionType and inner.__dict__.get(_EXPLICIT, False) is True
+
+
 def places(fn: Callable, num: int) -> list[tuple[Chain, Any]]:
     """The distributed values of ``num`` components in ``fn``'s state, at places whose
-    names its code uses: ``[(chain, value)]`` (a value inside another is not listed)."""
+    names its code uses: ``[(chain, value)]`` (a value inside another is not listed; none
+    for a step that takes its state as arguments, `explicit_state`)."""
+    if is_explicit(fn):
+        return []
     named: set[str] = set()
     found: list[tuple[Chain, Any]] = []
     for chain, value in _capture.walk(fn, named):
@@ -258,7 +281,11 @@ def with_state(fn: Callable, body: Callable, chains: list[Chain], info: dict) ->
     """``body`` (a replica step traced inside a caller's trace) reading the rows given after
     its arguments at ``chains`` (distributed values of ``fn``'s state), and returning, after
     its outputs, what it assigned in ``fn``'s state (``info["assigned"]``: the records of
-    `jaxdist._state.assign.take_assigned`); the state is put back as it was."""
+    `jaxdist._state.assign.take_assigned`); the state is put back as it was. A step that
+    takes its state as arguments (`explicit_state`) is ``body`` itself: it assigns nothing."""
+    if is_explicit(fn):
+        info["assigned"], info["n_assigned"] = [], 0
+        return body
 
     def stateful(*arrays: Any) -> list:
         k = len(arrays) - len(chains)
