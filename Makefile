@@ -15,17 +15,25 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# The suite in two runs that together select every test: the tests of one process on
+# TEST_JOBS pytest processes (pytest-xdist; each has its 8 simulated devices, and a test's time
+# is mostly one core's tracing and compiling), then the tests that start several processes
+# (marked multiworker) alone, since their deadlines assume the machine is theirs.
+TEST_JOBS ?= 2
+PARALLEL = -n $(TEST_JOBS) --dist worksteal
+
 test: $(STAMP)
 	$(PY) -m ruff check jaxdist tests benchmarks examples
 	$(PY) -m mypy jaxdist
-	JAXDIST_REQUIRE_DEV=1 $(PY) -m pytest -q
+	JAXDIST_REQUIRE_DEV=1 $(PY) -m pytest -q $(PARALLEL) -m "not multiworker"
+	JAXDIST_REQUIRE_DEV=1 $(PY) -m pytest -q -m multiworker
 
 # The inner loop while editing: ruff and the suite without its slow tier (tests marked `slow` by
 # tests/conftest.py: several processes, notebooks, docs examples, the sweeps, the slowest files).
 # `make test` (above, and CI) stays the whole suite: run it before a commit.
 test-fast: $(STAMP)
 	$(PY) -m ruff check jaxdist tests benchmarks examples
-	JAXDIST_REQUIRE_DEV=1 $(PY) -m pytest -q -m "not slow"
+	JAXDIST_REQUIRE_DEV=1 $(PY) -m pytest -q $(PARALLEL) -m "not slow"
 
 # The property-based sweep (tests/test_sweep_*.py) with thousands of random draws instead of CI's
 # dozen derandomized ones: run it before a change to the split, the Keras steps or the
@@ -59,7 +67,8 @@ $(LATEST_STAMP): pyproject.toml
 	touch $(LATEST_STAMP)
 
 test-latest: $(LATEST_STAMP)
-	JAXDIST_REQUIRE_DEV=1 $(LPY) -m pytest -q
+	JAXDIST_REQUIRE_DEV=1 $(LPY) -m pytest -q $(PARALLEL) -m "not multiworker"
+	JAXDIST_REQUIRE_DEV=1 $(LPY) -m pytest -q -m multiworker
 
 lint: $(STAMP)
 	$(PY) -m ruff check jaxdist tests benchmarks examples

@@ -144,18 +144,37 @@ def pytest_args(line: str) -> list[str]:
     return words[words.index("pytest") + 1 :]
 
 
-def test_make_test_runs_everything():
-    """`make test` (CI's command) deselects nothing: no marker or keyword selection, no ignored
-    path, and none in pyproject's pytest options either."""
-    prereq, lines = recipe("test")
-    assert prereq == "$(STAMP)"
+def selections(lines: list[str]) -> list[list[str]]:
+    """The pytest arguments of each pytest run of a recipe, without its parallel options
+    (``$(PARALLEL)``: pytest-xdist's processes, which select nothing)."""
+    runs = [pytest_args(line) for line in lines if "-m pytest" in line]
+    return [[a for a in args if a != "$(PARALLEL)"] for args in runs]
+
+
+@pytest.mark.parametrize("target", ["test", "test-latest"])
+def test_make_test_runs_everything(target):
+    """`make test` and `make test-latest` (CI's commands) deselect nothing: two runs, one of
+    the tests not marked multiworker (in parallel) and one of those marked (alone), no
+    keyword selection or ignored path, and none in pyproject's pytest options either."""
+    prereq, lines = recipe(target)
+    assert prereq == ("$(STAMP)" if target == "test" else "$(LATEST_STAMP)")
     runs = [line for line in lines if "-m pytest" in line]
-    assert len(runs) == 1, runs
-    assert pytest_args(runs[0]) == ["-q"], runs[0]
+    assert all(line.startswith("JAXDIST_REQUIRE_DEV=1 ") for line in runs), runs
+    assert selections(lines) == [["-q", "-m", "not multiworker"], ["-q", "-m", "multiworker"]]
+    assert "$(PARALLEL)" in pytest_args(runs[0]) and "$(PARALLEL)" not in pytest_args(runs[1])
     options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
     addopts = shlex.split(options["ini_options"]["addopts"])
     assert not set(addopts) & set(SELECTING), addopts
     assert options["ini_options"]["testpaths"] == ["tests"]
+
+
+def test_the_parallel_options_select_nothing():
+    """``$(PARALLEL)`` is pytest-xdist's processes and scheduling only."""
+    m = re.search(r"^PARALLEL = (.*)$", (ROOT / "Makefile").read_text(), re.M)
+    assert m, "PARALLEL"
+    words = shlex.split(m.group(1))
+    assert words[0] == "-n" and words[2] == "--dist", words
+    assert not set(words) & set(SELECTING), words
 
 
 def test_make_test_fast_is_make_test_without_the_slow_tier():
@@ -166,7 +185,7 @@ def test_make_test_fast_is_make_test_without_the_slow_tier():
     assert ruff and all(line in fast for line in ruff)
     runs = [line for line in fast if "-m pytest" in line]
     assert len(runs) == 1 and runs[0].startswith("JAXDIST_REQUIRE_DEV=1 "), runs
-    assert pytest_args(runs[0]) == ["-q", "-m", "not slow"], runs[0]
+    assert selections(fast) == [["-q", "-m", "not slow"]], runs[0]
 
 
 def test_the_slow_marker_is_registered():
