@@ -218,8 +218,8 @@ def test_the_eager_partial_batch_program_compiles_with_quick_options(monkeypatch
 
     eager = s.run(grad_step, args=(x,))
     default = jax.jit(lambda x: s.run(grad_step, args=(x,)))(x)  # the user's jit: no options
-    for a, b in zip(local(s, eager), local(s, default)):
-        np.testing.assert_allclose(a, b, rtol=1e-6)
+    for a, b in zip(local(s, eager), local(s, default)):  # (the suite's own level is -O0:
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)  # float32 sums in another order)
     monkeypatch.setattr(
         "jaxdist._compile.QUICK_CPU",
         {"xla_no_such_option": True, "xla_backend_optimization_level": 2},
@@ -227,7 +227,7 @@ def test_the_eager_partial_batch_program_compiles_with_quick_options(monkeypatch
     assert quick_options(s.extended.replicas) == {"xla_backend_optimization_level": 2}
     again = s.run(lambda x: grad_step(x) * 1.0, args=(x,))
     for a, b in zip(local(s, again), local(s, default)):
-        np.testing.assert_allclose(a, b, rtol=1e-6)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
 
 
 def test_a_first_jitted_partial_batch_traces_each_shape_once_and_compiles_once():

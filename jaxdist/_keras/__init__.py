@@ -7,5 +7,6 @@ replica (`override`) with what Keras' TF backend means by its losses and optimiz
 (`tfloss`), synchronized batch norm (`syncbn`), and ``steps_per_execution`` batches as one
 program (`fused`). The only modules that import Keras.
 
-May import: the core, and the `_input` wing (Keras' batches are distributed input).
+May import: the core, the `_input` wing (Keras' batches are distributed input) and the `_state`
+wing (jaxdist's own Keras step takes its state as arguments: `explicit_state`).
 """
