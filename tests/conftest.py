@@ -4,8 +4,8 @@ import importlib
 import os
 
 # 8 simulated devices; LLVM's backend unoptimized (-O0): the suite's programs are tiny and
-# compiled once each, so compile time is most of the suite's (a fifth less at -O0, measured on
-# the Keras tests), and numbers compare to tolerances, never to another optimization's bits.
+# compiled once each, so compile time is most of the suite's, and numbers compare to
+# tolerances, never to another optimization level's bits.
 # Fresh interpreters the tests start (notebooks, docs examples, workers) inherit both.
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "")

@@ -195,12 +195,12 @@ def test_a_step_differentiating_keras_conv_variables_eagerly_equals_jd_function(
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [1, 2, 3])
 def test_fit_walks_no_state_of_its_own_step(n, monkeypatch):
     """``model.fit``'s step takes Keras' state as arguments (`explicit_state`): no trace walks
     the objects it reaches (the model, the optimizer, the strategy) for variables, which cost
-    seconds per trace; a custom loop's step is still walked. 10 rows in batches of 4 on 3
-    replicas: a partial last batch (the replay path) too."""
+    seconds per trace; a custom loop's step is still walked. One replica (its own program), and
+    10 rows in batches of 4 on 3 replicas: a partial last batch (the replay path) too."""
     from jaxdist._state import capture
 
     walked, walk = [], capture.walk

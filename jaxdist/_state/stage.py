@@ -98,6 +98,7 @@ class Staged(Calls):
         first = _promote.promoted(fn) if numbers else ()
         before = {id(a): a for a in jax.live_arrays()}  # kept: no id is reused meanwhile
         self._whole = writes  # (a jd.function reads distributed values whole, as TF does)
+        # a replica step's assignments are variable updates (none where its state is arguments)
         self._writes = writes or (replica is not None and not _replica.is_explicit(fn))
         self._replica = replica
         self._fed_arrays = fed or list
