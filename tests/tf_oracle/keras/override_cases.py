@@ -1,8 +1,10 @@
 """Record TF 2.21 + Keras 3 answers for models that override train_step / test_step /
 compute_loss, under tf.distribute.MirroredStrategy (test vectors for tests/test_keras_override.py).
 
-Usage: /work/tfvenv/bin/python override_cases.py R [OUT_JSON]   (R in 1, 2, 3, 8)
-then:  /work/tfvenv/bin/python override_cases.py merge            (joins parts into
+Usage: /work/tfvenv/bin/python override_cases.py R [OUT_JSON [CASE,CASE...]]   (R in 1, 2, 3, 8;
+a third argument records only those cases, e.g.
+``override_cases.py 8 override_parts/r8_gan_adam.json gan_adam``)
+then:  /work/tfvenv/bin/python override_cases.py merge   (joins every override_parts/r*.json into
 override_answers.json). Same set-up as keras_cases.py: 8 logical CPUs, few threads, oneDNN off.
 
 The overrides are the TF-backend versions (tf.GradientTape, ``optimizer.apply``,
@@ -18,6 +20,10 @@ after keras-io's "Customizing what happens in fit()" guides:
   ``MeanAbsoluteError("mae")`` listed in ``metrics`` (keys match: History is the metrics' result).
 - ``gan``: a discriminator and a generator (Dense), two SGD optimizers (``d_optimizer`` is the
   compiled one), latent vectors given as ``y`` (no random numbers: the same in both frameworks).
+- ``gan_adam``: ``gan`` with two Adam optimizers (``d_optimizer`` Adam(learning_rate=0.01),
+  ``g_optimizer`` Adam(learning_rate=0.02)): the generator's optimizer, not the compiled one,
+  keeps moments and an iteration count that must carry from step to step. 250 and 330 rows;
+  its keys also hold ``iterations`` ({"d": ..., "g": ...}: each optimizer's count after fit).
 - ``closs``: only ``compute_loss`` overridden (a mean of squares, no Keras loss object), Keras'
   own train step.
 - ``test``: a ``test_step`` override (the guide's): ``evaluate`` of the initial weights.
@@ -208,7 +214,7 @@ class GAN(keras.Model):
         return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
 
 
-def gan_model():
+def gan_model(adam=False):
     d = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
                           keras.layers.Dense(1)])
     g = keras.Sequential([keras.Input((2,)), keras.layers.Dense(8, activation="relu"),
@@ -216,7 +222,11 @@ def gan_model():
     set_weights(d.layers, 2)
     set_weights(g.layers, 3)
     model = GAN(d, g)
-    model.compile(keras.optimizers.SGD(0.05), keras.optimizers.SGD(0.1))
+    if adam:
+        model.compile(keras.optimizers.Adam(learning_rate=0.01),
+                      keras.optimizers.Adam(learning_rate=0.02))
+    else:
+        model.compile(keras.optimizers.SGD(0.05), keras.optimizers.SGD(0.1))
     return model
 
 
@@ -234,7 +244,7 @@ def make(case):
         model = dense_stack(OwnTestStep)
         model.compile(loss="mse", metrics=["mae"])
     else:
-        model = gan_model()
+        model = gan_model(adam=case == "gan_adam")
     return model
 
 
@@ -247,17 +257,21 @@ def run(strategy, case, rows):
         ev = model.evaluate(X[:rows], Y[:rows], batch_size=BATCH, verbose=0, return_dict=True)
         out["evaluate"] = fl(ev)
     else:
-        x, y = (REAL[:rows], Z[:rows]) if case == "gan" else (X[:rows], Y[:rows])
+        gan = case in ("gan", "gan_adam")
+        x, y = (REAL[:rows], Z[:rows]) if gan else (X[:rows], Y[:rows])
         kw = {"sample_weight": SW[:rows]} if case == "sw" else {}
         hist = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, **kw)
         out["history"] = fl(hist.history)
     out["weights"] = fl(model.get_weights())
     out["weight_names"] = [w.path for w in model.weights]
+    if case == "gan_adam":
+        out["iterations"] = {k: int(o.iterations.numpy()) for k, o in
+                             (("d", model.d_optimizer), ("g", model.g_optimizer))}
     return out
 
 
 CASES = {"basic": ROWS, "sw": ROWS, "lower": ROWS, "gan": ROWS, "closs": ROWS, "test": ROWS,
-         "bn": (288,), "extra": (257, 330)}
+         "bn": (288,), "extra": (257, 330), "gan_adam": (250, 330)}
 
 
 def main():
