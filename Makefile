@@ -12,8 +12,21 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev,demo,notebooks]"
 	touch $(STAMP)
 
-demo: $(STAMP)
-	$(PY) examples/demo.py
+# The demo runs in a venv of its own, lighter than .venv: jaxdist's runtime dependencies and the
+# `demo` extra only (optax, scikit-learn for the digits, tqdm, matplotlib for the loss curve),
+# not the development toolchain that `make test` installs.
+DEMO_VENV := .venv-demo
+DPY := $(DEMO_VENV)/bin/python
+DEMO_STAMP := $(DEMO_VENV)/.installed
+
+$(DEMO_STAMP): pyproject.toml
+	test -x $(DPY) || $(PYTHON) -m venv $(DEMO_VENV)
+	$(DPY) -m pip install -q --upgrade pip
+	$(DPY) -m pip install -q -e ".[demo]"
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
+	$(DPY) examples/demo.py
 
 # The suite in two runs that together select every test: the tests of one process on
 # TEST_JOBS pytest processes (pytest-xdist; each has its 8 simulated devices, and a test's time
@@ -112,4 +125,4 @@ wheel-smoke: $(STAMP)
 	bash tests/wheel_smoke.sh $(PY)
 
 clean:
-	rm -rf $(VENV) build dist site *.egg-info
+	rm -rf $(VENV) $(DEMO_VENV) build dist site *.egg-info
