@@ -37,8 +37,8 @@ import numpy as np
 
 import jaxdist as jd
 
-ONE = importlib.import_module("jaxdist._one_replica")
-RUN = importlib.import_module("jaxdist._run")
+ONE = importlib.import_module("jaxdist._program.one_replica")
+RUN = importlib.import_module("jaxdist._run.run")
 
 
 def _tiny(s):
@@ -128,7 +128,7 @@ def _medians(fns, rounds=15, n=5000):
 
 
 class _Recorder:
-    """Keeps the plans `_run` makes (the fast path's objects, to time their parts)."""
+    """Keeps the plans `_run.run` makes (the fast path's objects, to time their parts)."""
 
     def __init__(self):
         self.made, self.real = [], ONE.Plan

@@ -6,8 +6,8 @@
 True
 """
 
-from jaxdist._errors import InvalidArgumentError as InvalidArgumentError
-from jaxdist._errors import OutOfRangeError as OutOfRangeError
-from jaxdist._jax_internals import JaxInternalsError as JaxInternalsError
+from jaxdist._base.errors import InvalidArgumentError as InvalidArgumentError
+from jaxdist._base.errors import OutOfRangeError as OutOfRangeError
+from jaxdist._base.jax_internals import JaxInternalsError as JaxInternalsError
 
 __all__ = ["InvalidArgumentError", "JaxInternalsError", "OutOfRangeError"]

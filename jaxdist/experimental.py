@@ -9,16 +9,18 @@ jaxdist's own knobs (the in-flight bound, compile counts, host malloc tuning).
 True
 """
 
+from jaxdist._base.cpu_threads import cpu_threads as cpu_threads
+from jaxdist._base.inflight import get_max_steps_in_flight as get_max_steps_in_flight
+from jaxdist._base.inflight import set_max_steps_in_flight as set_max_steps_in_flight
+from jaxdist._base.options import CommunicationImplementation as CommunicationImplementation
+from jaxdist._base.options import CommunicationOptions as CommunicationOptions
 from jaxdist._cluster.host import tune_host_malloc as tune_host_malloc
-from jaxdist._compile import step_count as step_count
-from jaxdist._cpu_threads import cpu_threads as cpu_threads
-from jaxdist._inflight import get_max_steps_in_flight as get_max_steps_in_flight
-from jaxdist._inflight import set_max_steps_in_flight as set_max_steps_in_flight
-from jaxdist._multi_worker import MultiWorkerMirroredStrategy as MultiWorkerMirroredStrategy
-from jaxdist._options import CommunicationImplementation as CommunicationImplementation
-from jaxdist._options import CommunicationOptions as CommunicationOptions
-from jaxdist._state.explain import explain as explain
-from jaxdist._value_trees import ValueContext as ValueContext
+from jaxdist._program.compile import step_count as step_count
+from jaxdist._program.explain import explain as explain
+from jaxdist._strategy.multi_worker import (
+    MultiWorkerMirroredStrategy as MultiWorkerMirroredStrategy,
+)
+from jaxdist._values.trees import ValueContext as ValueContext
 
 __all__ = [
     "CommunicationImplementation",

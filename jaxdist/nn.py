@@ -12,7 +12,7 @@
 5.5
 """
 
-from jaxdist._nn import compute_average_loss as compute_average_loss
-from jaxdist._nn import scale_regularization_loss as scale_regularization_loss
+from jaxdist._strategy.nn import compute_average_loss as compute_average_loss
+from jaxdist._strategy.nn import scale_regularization_loss as scale_regularization_loss
 
 __all__ = ["compute_average_loss", "scale_regularization_loss"]

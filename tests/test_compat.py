@@ -18,7 +18,7 @@ from conftest import devices_of
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jaxdist as jd
-from jaxdist._logical_devices import NUM_LOGICAL_DEVICES_PER_REPLICA
+from jaxdist._strategy.logical_devices import NUM_LOGICAL_DEVICES_PER_REPLICA
 
 REPO = Path(__file__).resolve().parents[1]
 SEED_001 = REPO.parent / "shared" / "seeds" / "001_11d2dd490ac22b5f.txt"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxdist as jd
-from jaxdist._all_reduce import split_packs
+from jaxdist._collective.all_reduce import split_packs
 
 SUM, MEAN = jd.ReduceOp.SUM, jd.ReduceOp.MEAN
 OPS = [jd.ReductionToOneDevice(), jd.NcclAllReduce(), jd.HierarchicalCopyAllReduce(num_packs=2)]

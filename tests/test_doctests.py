@@ -22,9 +22,15 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(jaxdist.__path__, "jaxdis
 # the public API that uses them, and tested in tests/). Keep this list exact.
 NO_EXAMPLES = {
     # the wings' packages: a docstring saying what the wing is (`docs/architecture.md`)
+    "jaxdist._base",
     "jaxdist._cluster",
+    "jaxdist._collective",
     "jaxdist._input",
     "jaxdist._keras",
+    "jaxdist._program",
+    "jaxdist._run",
+    "jaxdist._strategy",
+    "jaxdist._values",
     # a model's own train_step under a strategy: shown by tests/test_keras_override.py
     "jaxdist._keras.override",
     "jaxdist._keras.tfloss",
@@ -33,18 +39,18 @@ NO_EXAMPLES = {
     "jaxdist._state.capture",
     "jaxdist._cluster.config",
     "jaxdist._cluster.guard",  # needs a running cluster: tests/test_multi_worker.py
-    "jaxdist._context",
+    "jaxdist._base.context",
     "jaxdist._cluster.join",
     "jaxdist._input.place",
-    "jaxdist._layout",
+    "jaxdist._base.layout",
     "jaxdist._partial.lockstep",
-    "jaxdist._logical_devices",
+    "jaxdist._strategy.logical_devices",
     "jaxdist._partial.ragged",
-    "jaxdist._reduce",
+    "jaxdist._collective.reduce",
     "jaxdist._partial.replay",
-    "jaxdist._run",
+    "jaxdist._run.run",
     "jaxdist._state.stage",
-    "jaxdist._validate",
+    "jaxdist._base.validate",
 }
 
 

@@ -198,16 +198,16 @@ def test_an_eager_run_is_one_dispatch_whatever_the_leaf_count(
         return [x * 2 + ctx.all_reduce("SUM", x) for x in xs]
 
     dispatched = []
-    real = internal("_compile").dispatch
+    real = internal("_program.compile").dispatch
     spy = lambda *a, **k: dispatched.append(1) or real(*a, **k)  # noqa: E731
-    monkeypatch.setattr("jaxdist._compile.dispatch", spy)
-    jitted = internal("_one_replica").Program.jitted  # one replica: no in-flight bound
+    monkeypatch.setattr("jaxdist._program.compile.dispatch", spy)
+    jitted = internal("_program.one_replica").Program.jitted  # one replica: no in-flight bound
 
     def spy_jitted(self, stacked):
         program = jitted(self, stacked)
         return lambda *a: dispatched.append(1) or program(*a)
 
-    monkeypatch.setattr("jaxdist._one_replica.Program.jitted", spy_jitted)
+    monkeypatch.setattr("jaxdist._program.one_replica.Program.jitted", spy_jitted)
     s.run(step, args=tuple(xs))  # compiles
     dispatched.clear()
     before = eager_primitives()
@@ -222,14 +222,14 @@ def test_an_eager_run_is_one_dispatch_whatever_the_leaf_count(
 
 def _programs(monkeypatch):
     built = []
-    real = internal("_one_replica").program
+    real = internal("_program.one_replica").program
 
     def record(evaluate, replicas):
         program = real(evaluate, replicas)
         built.append(program)
         return program
 
-    monkeypatch.setattr("jaxdist._one_replica.program", record)
+    monkeypatch.setattr("jaxdist._program.one_replica.program", record)
     return built
 
 
@@ -273,7 +273,7 @@ class _FakeGpu:
 
 def test_mixed_platforms_fail_at_construction_naming_them(monkeypatch):
     fake = lambda p: [_FakeGpu()] if p == "gpu" else jax.devices(p)  # noqa: E731
-    monkeypatch.setattr("jaxdist._devices._platform_devices", fake)
+    monkeypatch.setattr("jaxdist._base.devices._platform_devices", fake)
     with pytest.raises(ValueError, match=r"one platform; got cpu and gpu devices \(gpu:0, cpu:0\)"):
         jd.MirroredStrategy(["/gpu:0", "/cpu:0"])
     assert jd.MirroredStrategy(["/cpu:0", "/cpu:1"]).num_replicas_in_sync == 2
@@ -343,7 +343,7 @@ def test_a_repeated_eager_call_replays_its_first_calls_work(kind):
     s = make(kind, 1)
     counts = collections.Counter()
     mode = _Counted(counts, "train")
-    work = internal("_run").WORK
+    work = internal("_run.run").WORK
 
     def step(x, mode, scale=1.0):
         return {"y": x * scale, "mode": mode}
@@ -366,7 +366,7 @@ def test_a_replayed_call_sees_every_change_of_its_arguments():
     weak type, leaf type, structure, static value, strategy, or a distributed value
     takes the full path (and traces where it must); results are always right."""
     s, other = make("mirrored", 1), make("one_device", 1)
-    work = internal("_run").WORK
+    work = internal("_run.run").WORK
 
     def step(x, flag=True):
         return x * 2 if flag else x - 1

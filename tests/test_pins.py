@@ -89,7 +89,7 @@ class _Program:
 @pytest.mark.parametrize("cap", [1, 2, 3])
 def test_the_in_flight_bound_lets_exactly_cap_programs_run(cap):
     """With a cap of n, dispatching program k waits for program k - n: n are in flight, not n + 1."""
-    from jaxdist._inflight import throttle
+    from jaxdist._base.inflight import throttle
 
     old = jd.experimental.get_max_steps_in_flight()
     waited = []

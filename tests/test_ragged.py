@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jaxdist as jd
-from jaxdist._compile import QUICK_CPU, quick_options
+from jaxdist._program.compile import QUICK_CPU, quick_options
 
 ANSWERS = json.loads((pathlib.Path(__file__).parent / "tf_oracle" / "answers.json").read_text())
 
@@ -221,7 +221,7 @@ def test_the_eager_partial_batch_program_compiles_with_quick_options(monkeypatch
     for a, b in zip(local(s, eager), local(s, default)):  # (the suite's own level is -O0:
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)  # float32 sums in another order)
     monkeypatch.setattr(
-        "jaxdist._compile.QUICK_CPU",
+        "jaxdist._program.compile.QUICK_CPU",
         {"xla_no_such_option": True, "xla_backend_optimization_level": 2},
     )
     assert quick_options(s.extended.replicas) == {"xla_backend_optimization_level": 2}

@@ -4,5 +4,5 @@
 ``TF_CONFIG`` read into a cluster (`config`), joining it through ``jax.distributed`` (`join`),
 the guard that ends every worker on a fault (`guard`), and the host's malloc tuning (`host`).
 
-May import: the core's layer 0 modules; no other wing.
+May import: `_base`.
 """

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from jaxdist._base.validate import is_int
 from jaxdist._cluster.resolvers import SimpleClusterResolver
-from jaxdist._validate import is_int
 
 
 def cluster_resolver_for(cluster_spec: Any, task_type: Any, task_id: Any) -> Any:

@@ -17,7 +17,7 @@ whose own program failed):
   gone is aborted by jaxlib without a word);
 * an uncaught exception (sys.excepthook) ends every task, naming this one and its exception
   (a collective's runtime error waits for the reason another task reported first);
-* the collective watchdog of `jaxdist._inflight` reports a collective without progress
+* the collective watchdog of `jaxdist._base.inflight` reports a collective without progress
   through the function `start` returns.
 
 At interpreter exit the tasks announce the end of their program (with how many collective
@@ -27,7 +27,7 @@ and meet at a barrier
 `jax.distributed.shutdown` runs, on the coordinator last (its service must outlive the other
 tasks' disconnects). A task that is still waiting at the barrier after ``timeout_seconds``
 names the tasks that never reached it. The coordination client is
-private JAX API, read in `jaxdist._jax_internals`.
+private JAX API, read in `jaxdist._base.jax_internals`.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from typing import Any
 
 import jax
 
-from jaxdist import _inflight
-from jaxdist._jax_internals import coordination_client
+from jaxdist._base import inflight as _inflight
+from jaxdist._base.jax_internals import coordination_client
 
 EXIT_CODE = 75
 """The exit status of a task that the guard ends because the cluster broke (EX_TEMPFAIL)."""
@@ -206,7 +206,7 @@ def _finished(client: Any, names: list) -> list[str]:
 
 def finished_programs(client: Any, names: list) -> dict[str, int]:
     """{task: the collective programs it dispatched} of the tasks that ended their program
-    (their count is final: `jaxdist._inflight.counted`)."""
+    (their count is final: `jaxdist._base.inflight.counted`)."""
     try:
         entries = client.key_value_dir_get(FINISHED_KEY)
     except Exception:  # noqa: BLE001 - the coordinator is gone: the monitor says so

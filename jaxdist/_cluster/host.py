@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import jax
 
-from jaxdist._cpu_threads import check as check_cpu_threads
+from jaxdist._base.cpu_threads import check as check_cpu_threads
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3

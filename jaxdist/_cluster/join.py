@@ -12,7 +12,7 @@ checks that every worker brings the same number of devices. The one failure that
 caught in-process is the coordinator dying while this task is idle: jaxlib aborts within
 ~0.2 s ("the leader task was preempted/died"). `exchange` is a small all-gather of ints
 on the hosts, through the coordination service's key-value store (private JAX API, read in
-`jaxdist._jax_internals`).
+`jaxdist._base.jax_internals`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from typing import Any
 
 import jax
 
-from jaxdist import _inflight
+from jaxdist._base import inflight as _inflight
+from jaxdist._base.jax_internals import backends_started, coordination_client
+from jaxdist._base.options import CommunicationOptions
 from jaxdist._cluster import guard as _cluster_guard
 from jaxdist._cluster.guard import die
 from jaxdist._cluster.resolvers import (
@@ -34,8 +36,6 @@ from jaxdist._cluster.resolvers import (
     jax_distributed_args,
     process_order,
 )
-from jaxdist._jax_internals import backends_started, coordination_client
-from jaxdist._options import CommunicationOptions
 
 DEFAULT_TIMEOUT_S = 300.0
 """``timeout_seconds`` when `CommunicationOptions` leaves it None (jax's init default)."""

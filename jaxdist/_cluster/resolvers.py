@@ -14,8 +14,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from jaxdist._base.jax_internals import backends_started
 from jaxdist._cluster.cluster_spec import ClusterLike, ClusterSpec, invalid, parse_index
-from jaxdist._jax_internals import backends_started
 
 __all__ = ["ClusterResolver", "SimpleClusterResolver", "TFConfigClusterResolver"]
 

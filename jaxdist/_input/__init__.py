@@ -3,9 +3,8 @@
 TF's ``experimental_distribute_dataset`` and ``distribute_datasets_from_function``
 (`datasets`), their iterators (`iterators`), the split of a batch over the replicas and its
 placement (`place`), the steps of input and the workers' agreement on them (`steps`),
-``experimental_make_numpy_dataset`` (`numpy_dataset`), ``TensorSpec`` (`spec`), the
-iterators read inside a ``jd.function`` (`feeds`), and ``StrategyV1``'s TF1 input methods
-(`tf1`: ``experimental_run``, ``make_dataset_iterator``, ...).
+``experimental_make_numpy_dataset`` (`numpy_dataset`), ``TensorSpec`` (`spec`), and the
+iterators read inside a ``jd.function`` (`feeds`).
 
-May import: the core, and the `_cluster` wing (workers agree on their input).
+May import: `_base`, `_values`, `_cluster` (workers agree on their input).
 """

@@ -16,7 +16,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdist._devices import Replicas
+from jaxdist._base.devices import Replicas
+from jaxdist._base.options import (
+    InputOptions,
+    InputReplicationMode,
+    buffer_size,
+    check_dataset_fn_modes,
+    check_input_options,
+)
+from jaxdist._base.validate import check_callable, is_number
 from jaxdist._input.iterators import DistributedDataset as DistributedDataset
 from jaxdist._input.iterators import DistributedIterator as DistributedIterator
 from jaxdist._input.iterators import DistributedOptional as DistributedOptional
@@ -39,14 +47,6 @@ from jaxdist._input.steps import (
     produce,
     synced,
 )
-from jaxdist._options import (
-    InputOptions,
-    InputReplicationMode,
-    buffer_size,
-    check_dataset_fn_modes,
-    check_input_options,
-)
-from jaxdist._validate import check_callable, is_number
 
 
 @dataclasses.dataclass(frozen=True)

@@ -59,7 +59,7 @@ class Feed:
         return element
 
 
-# Its own ContextVar, not a field of the mode state (`jaxdist._context.State`): a scope the
+# Its own ContextVar, not a field of the mode state (`jaxdist._base.context.State`): a scope the
 # function enters (TF1's ``experimental_run`` reads the iterator inside one) builds a fresh
 # mode state, and the feed must reach through it.
 _ACTIVE: contextvars.ContextVar[Feed | None] = contextvars.ContextVar("jaxdist_feed", default=None)

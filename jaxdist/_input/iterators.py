@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from jaxdist import _context, _jax_internals
-from jaxdist._errors import InvalidArgumentError, OutOfRangeError
+from jaxdist._base import context as _context
+from jaxdist._base import jax_internals as _jax_internals
+from jaxdist._base.errors import InvalidArgumentError, OutOfRangeError
 from jaxdist._input import feeds as _feeds
 from jaxdist._input.place import EMPTY as _EMPTY
 from jaxdist._input.place import INFINITE, UNKNOWN

@@ -8,8 +8,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxdist._base.layout import host_view
 from jaxdist._input.spec import TensorSpec
-from jaxdist._layout import host_view
 
 
 class NumpyDataset:

@@ -25,10 +25,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxdist._base.devices import Replicas
 from jaxdist._cluster.join import exchange
-from jaxdist._devices import Replicas
 from jaxdist._input.spec import TensorSpec
-from jaxdist._values import from_padded, from_parts, from_shaped, from_stacked
+from jaxdist._values.values import from_padded, from_parts, from_shaped, from_stacked
 
 EMPTY = object()
 """What `Source.peek` returns for an empty dataset."""

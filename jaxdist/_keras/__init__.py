@@ -7,6 +7,6 @@ replica (`override`) with what Keras' TF backend means by its losses and optimiz
 (`tfloss`), synchronized batch norm (`syncbn`), and ``steps_per_execution`` batches as one
 program (`fused`). The only modules that import Keras.
 
-May import: the core, the `_input` wing (Keras' batches are distributed input) and the `_state`
-wing (jaxdist's own Keras step takes its state as arguments: `explicit_state`).
+May import: `_base`, `_values`, `_input` (Keras' batches are distributed input), `_state`
+(jaxdist's own Keras step takes its state as arguments: `explicit_state`) and `_strategy`.
 """

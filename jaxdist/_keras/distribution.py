@@ -1,6 +1,6 @@
 """Keras 3 (JAX backend) under a jaxdist strategy: the only module that knows Keras.
 
-Loaded lazily by `jaxdist._integrations` the first time a ``strategy.scope()`` is
+Loaded lazily by `jaxdist._base.integrations` the first time a ``strategy.scope()`` is
 entered while Keras is imported; ``import jaxdist`` never imports it.
 
 Variables. Inside a scope the Keras distribution hook (``keras.distribution``,
@@ -38,7 +38,7 @@ import jax
 import keras
 from keras.src.trainers.data_adapters.data_adapter import DataAdapter
 
-from jaxdist import _context
+from jaxdist._base import context as _context
 from jaxdist._input.iterators import DistributedDataset
 from jaxdist._keras import replica as _keras_replica
 from jaxdist._keras import steps as _keras_steps

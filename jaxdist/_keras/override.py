@@ -26,9 +26,9 @@ from typing import Any
 import jax
 import keras
 
+from jaxdist._base.reduce_op import ReduceOp
 from jaxdist._keras.replica import Layout, is_empty, kept_where_undefined
 from jaxdist._keras.tfloss import ReplicaTrace, tf_meaning
-from jaxdist._reduce_op import ReduceOp
 
 
 def overrides(model: Any, kind: str) -> bool:

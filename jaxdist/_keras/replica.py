@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
+from jaxdist._base.reduce_op import ReduceOp
 from jaxdist._keras.tfloss import tf_meaning
-from jaxdist._nn import div_no_nan
-from jaxdist._reduce_op import ReduceOp
+from jaxdist._strategy.nn import div_no_nan
 
 
 def train_replica(

@@ -24,7 +24,7 @@ a Keras model's under ``MirroredStrategy``:
 
 A replica that the split leaves with no rows (a partial batch, ``ceil(b / R)`` rows
 each) contributes nothing: the rule of `jaxdist._keras.replica.is_empty`, its loss
-reduced by the custom loops' `jaxdist._nn.div_no_nan`.
+reduced by the custom loops' `jaxdist._strategy.nn.div_no_nan`.
 
 One all-reduce per step carries gradients, metric updates and aggregated
 variables. The program is traced once per input signature (a full batch and a
@@ -34,7 +34,7 @@ program as they are, and ``steps_per_execution=k`` full batches run as one
 program (`jaxdist._keras.fused`); other batches are split by the strategy's
 `Placer`, and whole batches (``*_on_batch``) or several processes take the
 placed path (`StepFunction._placed_steps`). Its dispatches stay under the
-in-flight bound (`jaxdist._inflight`). With several workers, jaxdist traces no
+in-flight bound (`jaxdist._base.inflight`). With several workers, jaxdist traces no
 partial batch inside `jax.jit`: that step runs eagerly through ``strategy.run``
 (`StepFunction._eager`), on each worker's copy of the state.
 
@@ -62,18 +62,18 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-from jaxdist import _inflight
-from jaxdist._default import get_replica_context
+from jaxdist._base import inflight as _inflight
+from jaxdist._base.layout import rows_as_replicated
+from jaxdist._base.options import InputOptions
 from jaxdist._input.place import Placer
 from jaxdist._keras.fused import host_split, numpy_rows, same_shapes, scan_steps
 from jaxdist._keras.override import metrics_part, overrides, own_loss, replica_step
 from jaxdist._keras.replica import Layout, test_replica, train_replica
 from jaxdist._keras.tfloss import install as install_tf_meaning
-from jaxdist._layout import rows_as_replicated
-from jaxdist._options import InputOptions
 from jaxdist._state.replica import explicit_state
-from jaxdist._value_layout import stacked
-from jaxdist._values import from_stacked, is_distributed
+from jaxdist._strategy.default import get_replica_context
+from jaxdist._values.layout import stacked
+from jaxdist._values.values import from_stacked, is_distributed
 
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """model -> {slot key: (the primary of a per-replica variable as last returned, every replica's

@@ -22,9 +22,9 @@ from typing import Any
 import jax.numpy as jnp
 import keras
 
-from jaxdist._default import get_replica_context
-from jaxdist._nn import div_no_nan
-from jaxdist._reduce_op import ReduceOp
+from jaxdist._base.reduce_op import ReduceOp
+from jaxdist._strategy.default import get_replica_context
+from jaxdist._strategy.nn import div_no_nan
 
 _ORIGINAL: dict[str, Any] = {}
 

@@ -37,7 +37,7 @@ from keras.src.losses import loss as loss_module
 from keras.src.optimizers import base_optimizer
 from keras.src.trainers import trainer as trainer_module
 
-from jaxdist._reduce_op import ReduceOp
+from jaxdist._base.reduce_op import ReduceOp
 
 _PATCHED: dict[str, Any] = {}
 _TRACE: contextvars.ContextVar[ReplicaTrace | None] = contextvars.ContextVar(

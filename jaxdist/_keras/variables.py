@@ -35,8 +35,8 @@ import keras
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.jax import distribution_lib
 
-from jaxdist import _context
-from jaxdist._default import get_replica_context
+from jaxdist._base import context as _context
+from jaxdist._strategy.default import get_replica_context
 
 _PATCHED: dict[str, Any] = {}
 

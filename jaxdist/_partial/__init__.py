@@ -4,5 +4,6 @@ The replicas of one shape traced once each (`ragged`), their jaxprs run in locks
 every collective between them (`lockstep`), the step's trace per group of replicas
 (`replay`) and ``merge_call`` there (`merge`).
 
-May import: the core, and the `_state` wing (a partial-batch step reads its state too).
+May import: `_base`, `_values`, `_state` (a partial-batch step reads its state too),
+`_program`, `_collective`.
 """

@@ -33,7 +33,7 @@ which has no stability promise): the names and parameters of the collective and
 call primitives (``psum`` ``axes``, ``all_gather`` ``all_gather_dimension`` /
 ``tiled``, ``reduce_scatter`` ``scatter_dimension``, ``cond`` ``branches``, the
 sub-jaxpr of ``jit`` / ``remat2`` / ``custom_*_call``), as of jax 0.10 to 0.12.
-`jaxdist._jax_internals.check_collectives` checks them on this JAX before the first
+`jaxdist._base.jax_internals.check_collectives` checks them on this JAX before the first
 partial-batch step and `tests/test_nested_collectives.py` exercises each of them; an
 unknown primitive holding a collective is a clear error, not a wrong answer.
 """
@@ -48,8 +48,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.extend import core
 
-from jaxdist._devices import AXIS
-from jaxdist._jax_internals import check_collectives
+from jaxdist._base.devices import AXIS
+from jaxdist._base.jax_internals import check_collectives
 
 Value = tuple[Any, bool]
 Run = Generator[tuple, Any, list]

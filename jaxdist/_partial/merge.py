@@ -27,11 +27,12 @@ import jax.numpy as jnp
 from jax.extend import core
 from jax.interpreters import ad, batching
 
-from jaxdist import _context, _jax_internals
-from jaxdist._layout import as_array
+from jaxdist._base import context as _context
+from jaxdist._base import jax_internals as _jax_internals
+from jaxdist._base.layout import as_array
 from jaxdist._partial import lockstep as _lockstep
-from jaxdist._value_trees import select
-from jaxdist._values import from_parts, from_stacked
+from jaxdist._values.trees import select
+from jaxdist._values.values import from_parts, from_stacked
 
 # -- merge_call as a primitive -----------------------------------------------------------------
 

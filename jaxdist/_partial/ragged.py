@@ -21,18 +21,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdist import _compile, _context, _jax_internals, _user_errors
-from jaxdist._devices import AXIS, Replicas
-from jaxdist._layout import as_array, is_array, is_tracer
+from jaxdist._base import context as _context
+from jaxdist._base import jax_internals as _jax_internals
+from jaxdist._base import user_errors as _user_errors
+from jaxdist._base.devices import AXIS, Replicas
+from jaxdist._base.layout import as_array, is_array, is_tracer
+from jaxdist._base.validate import hashable_arg, is_number
+from jaxdist._collective.reduce import all_rows
 from jaxdist._partial import replay as _replay
-from jaxdist._reduce import all_rows
+from jaxdist._program import compile as _compile
 from jaxdist._state import assign as _assign
 from jaxdist._state import replica as _replica
 from jaxdist._state.stage import Staged
-from jaxdist._validate import hashable_arg, is_number
-from jaxdist._value_layout import padded, parts, stacked
-from jaxdist._value_trees import combine_parts
-from jaxdist._values import from_parts, is_distributed
+from jaxdist._values.layout import padded, parts, stacked
+from jaxdist._values.trees import combine_parts
+from jaxdist._values.values import from_parts, is_distributed
 
 
 def split_inputs(args: tuple, kwargs: dict, n: int) -> tuple[list, Callable]:
@@ -330,7 +333,7 @@ def _is_array_or_number(x: Any) -> bool:
 
 def _user_traced(strategy: Any, cdo: Any, fn: Callable, *how: Any) -> tuple:
     """`_replay.trace` of the user's step; a Python use of a traced value in it is the
-    error `jaxdist._user_errors` words (the step's file:line and the fix), as on full
+    error `jaxdist._base.user_errors` words (the step's file:line and the fix), as on full
     batches."""
     try:
         return _replay.trace(strategy, cdo, fn, *how)

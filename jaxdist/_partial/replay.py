@@ -39,22 +39,23 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxdist import _context, _jax_internals
-from jaxdist._devices import AXIS
-from jaxdist._layout import as_array, is_array
-from jaxdist._partial import lockstep as _lockstep
-from jaxdist._partial import merge as _merge
-from jaxdist._replica_context import (
+from jaxdist._base import context as _context
+from jaxdist._base import jax_internals as _jax_internals
+from jaxdist._base.devices import AXIS
+from jaxdist._base.layout import as_array, is_array
+from jaxdist._base.validate import describe
+from jaxdist._collective.replica_context import (
     Collectives,
     compiled_collectives,
     gather_leaf,
     make_replica_context,
 )
+from jaxdist._partial import lockstep as _lockstep
+from jaxdist._partial import merge as _merge
 from jaxdist._state import assign as _assign
 from jaxdist._state import promote as _promote
 from jaxdist._state import replica as _replica
 from jaxdist._state import varying as _varying
-from jaxdist._validate import describe
 
 MAX_PASSES = 100
 

@@ -12,5 +12,5 @@ own ``jax.jit`` froze, named (`frozen`). A replica step's state has TF's variabl
 (`replica`: distributed values read per replica, assignments written back as one value or a
 `PerReplica`, which values differ read off its jaxpr by `varying`).
 
-May import: the core's layer 0 and 1 modules; no other wing.
+May import: `_base`, `_values`.
 """

@@ -30,7 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdist import _jax_internals
+from jaxdist._base import jax_internals as _jax_internals
 from jaxdist._state import capture as _capture
 from jaxdist._state import chains as _chains
 from jaxdist._state import peek as _peek

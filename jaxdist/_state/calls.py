@@ -27,7 +27,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdist._layout import is_tracer
+from jaxdist._base.layout import is_tracer
+from jaxdist._base.validate import describe
 from jaxdist._state import assign as _assign
 from jaxdist._state import chains as _chains
 from jaxdist._state import checks as _checks
@@ -37,7 +38,6 @@ from jaxdist._state import promote as _promote
 from jaxdist._state import replica as _replica
 from jaxdist._state import watch as _watch
 from jaxdist._state.keys import captured_ids, captures_nothing
-from jaxdist._validate import describe
 
 
 def is_concrete_array(x: Any) -> bool:

@@ -43,7 +43,7 @@ from jaxdist._state import chains as _chains
 from jaxdist._state import names as _names
 from jaxdist._state import peek as _peek
 from jaxdist._state.chains import Chain
-from jaxdist._values import DistributedValues
+from jaxdist._values.values import DistributedValues
 
 MAX_NODES = 200_000  # objects looked at per trace; past it, a warning (`locate_all`)
 _OPAQUE = (types.ModuleType, types.BuiltinFunctionType, str, bytes, int, float, complex)

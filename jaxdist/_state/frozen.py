@@ -21,13 +21,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdist import _context
-from jaxdist._jax_internals import nested_consts
-from jaxdist._layout import is_tracer
+from jaxdist._base import context as _context
+from jaxdist._base.jax_internals import nested_consts
+from jaxdist._base.layout import is_tracer
+from jaxdist._base.validate import describe
 from jaxdist._state import capture as _capture
 from jaxdist._state import chains as _chains
 from jaxdist._state import watch as _watch
-from jaxdist._validate import describe
 
 
 def check_not_stacked(fn: Callable, chains: list, consts: list) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from jaxdist._validate import describe
+from jaxdist._base.validate import describe
 
 
 def warn_unfound_arrays(fn: Callable, unfound: list) -> None:

@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdist._base.validate import describe
 from jaxdist._state import assign as _assign
 from jaxdist._state import capture as _capture
 from jaxdist._state import chains as _chains
@@ -54,10 +55,9 @@ from jaxdist._state import peek as _peek
 from jaxdist._state import promote as _promote
 from jaxdist._state import varying as _varying
 from jaxdist._state.chains import Chain
-from jaxdist._validate import describe
-from jaxdist._value_layout import num_components, parts, stacked
-from jaxdist._value_trees import combine_parts
-from jaxdist._values import DistributedValues, PerReplica, is_distributed, register
+from jaxdist._values.layout import num_components, parts, stacked
+from jaxdist._values.trees import combine_parts
+from jaxdist._values.values import DistributedValues, PerReplica, is_distributed, register
 
 
 @dataclasses.dataclass(frozen=True)

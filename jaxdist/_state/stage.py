@@ -32,9 +32,9 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
-from jaxdist import _value_layout
-from jaxdist._jax_internals import nested_consts
-from jaxdist._layout import is_tracer
+from jaxdist._base.jax_internals import nested_consts
+from jaxdist._base.layout import is_tracer
+from jaxdist._base.validate import describe
 from jaxdist._state import assign as _assign
 from jaxdist._state import capture as _capture
 from jaxdist._state import chains as _chains
@@ -46,7 +46,7 @@ from jaxdist._state import watch as _watch
 from jaxdist._state.calls import Calls, is_concrete_array
 from jaxdist._state.frozen import check_not_stacked
 from jaxdist._state.keys import captured_ids
-from jaxdist._validate import describe
+from jaxdist._values import layout as _value_layout
 
 
 def _spec(x: Any) -> Any:

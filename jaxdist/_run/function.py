@@ -1,0 +1,341 @@
+"""`jd.function`: TF's ``tf.function`` for jaxdist, with the state on objects kept current.
+
+TF programs keep their state in variables on objects (``self.w``, a model, an
+optimizer) and compile their distributed step with ``@tf.function``; the variables
+are captured by reference, so every call reads their values now, and an ``assign``
+inside the function is seen after it. A plain ``jax.jit`` bakes what the function
+reads from ``self`` or a global into the program as constants, and an assignment
+inside it leaks a tracer.
+
+``jd.function`` compiles the whole function (its ``strategy.run`` calls, reductions,
+optimizer update) into one program, dispatched once per call, and gives it TF's
+meaning, built on the same parts as the eager ``strategy.run``
+(`jaxdist._state.stage.Staged`):
+
+* the arrays and Python numbers it reads from its closure, globals and object, at
+  any depth and inside the steps it gives ``strategy.run`` or any jitted helper, are
+  inputs of the program, read afresh on every call;
+* what it assigns into that state (``self.params = new``, ``state["w"] = ...``,
+  ``self.step += 1``) is written back after the call, as ``tf.Variable.assign`` is:
+  distributed values stay distributed;
+* one trace per argument signature (arrays by shape and dtype, Python numbers traced,
+  other Python values by value), and again when a Python value it depends on changes
+  (a retrace warning after `WARN_AT` traces, as TF warns);
+* called inside another JAX trace (``jax.jit``, a ``lax`` loop), it runs inline.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any, cast
+
+import jax
+import numpy as np
+
+from jaxdist._base import context as _context
+from jaxdist._base import jax_internals as _jax_internals
+from jaxdist._base import user_errors as _user_errors
+from jaxdist._base.errors import OutOfRangeError
+from jaxdist._base.validate import describe, hashable_arg, is_number
+from jaxdist._input import feeds as _feeds
+from jaxdist._input.iterators import DatasetIterator, DistributedIterator
+from jaxdist._program import compile as _compile
+from jaxdist._state import capture as _capture
+from jaxdist._state import chains as _chains
+from jaxdist._state.stage import Staged, example
+
+_DYNAMIC = "d"
+_ITERATORS = (DistributedIterator, DatasetIterator)
+
+
+def _signature(x: Any) -> Hashable:
+    if isinstance(x, jax.Array):
+        return (x.shape, x.dtype, getattr(x, "weak_type", False))
+    if isinstance(x, np.ndarray):
+        return (x.shape, x.dtype)
+    return type(x).__name__
+
+
+def _static_key(value: Any, index: int) -> Hashable:
+    if isinstance(value, _ITERATORS):  # read through `_input.feeds`: a new one each epoch is alike
+        return ("iterator", type(value))
+    try:
+        return (type(value), hashable_arg(value, index))
+    except TypeError:
+        raise TypeError(
+            f"jd.function arguments must be arrays, numbers, distributed values or hashable "
+            f"Python objects; leaf {index} is an unhashable {type(value).__name__}. Convert "
+            "it to an array, or keep it on the function's object or closure."
+        ) from None
+
+
+def _element_signature(element: Any) -> Hashable:
+    leaves, treedef = jax.tree.flatten(element)
+    return (treedef, tuple((np.shape(x), getattr(x, "dtype", type(x))) for x in leaves))
+
+
+class _Call:
+    """One call's elements of the distributed iterators the function reads (`_input.feeds`):
+    fetched on the host, in order, once per call whichever traces ask for them."""
+
+    def __init__(self, fn: Callable, leaves: list) -> None:
+        self._fn, self._leaves = fn, leaves
+        self._got: dict = {}
+
+    def where(self, iterator: Any) -> Hashable:
+        """An iterator's place: an argument's leaf, or a chain in the function's state."""
+        for i, leaf in enumerate(self._leaves):
+            if leaf is iterator:
+                return ("arg", i, ())
+        for i, leaf in enumerate(self._leaves):  # held by an argument (TF1's DatasetIterator)
+            if isinstance(leaf, _ITERATORS):
+                inner = _capture.locate(cast(Callable, leaf), [iterator])[0]
+                if inner is not None:
+                    return ("arg", i, inner)
+        chain = _capture.locate(self._fn, [iterator])[0]
+        if chain is None:
+            raise RuntimeError(
+                f"The jd.function {describe(self._fn)} read a distributed iterator that is "
+                "neither one of its arguments nor in its state (its object, closure or "
+                "globals), so later calls could not read it again: an iterator made inside "
+                "the function (`for x in dataset` over a distributed dataset, "
+                "`iter(dataset)`) is a new one on every call. Pass the iterator as an "
+                "argument (it = iter(dist_dataset); fn(it), with `for x in it` or `next(it)` "
+                "inside), or loop over the dataset outside and pass each batch."
+            )
+        return ("chain", chain, ())
+
+    def take(self, source: Hashable, k: int, read: Callable | None = None) -> Any:
+        """The ``k``-th element of ``source`` in this call (read now if not yet)."""
+        key = (source, k)
+        if key not in self._got:
+            kind, at, inner = cast(tuple, source)
+            iterator = self._leaves[at] if kind == "arg" else _chains.fetch(self._fn, at)
+            iterator = _chains.fetch(iterator, inner)
+            if read is None:
+                self._got[key] = next(iterator)
+            else:  # inside the trace: the batch is read and placed as eagerly, not traced
+                with jax.ensure_compile_time_eval():
+                    self._got[key] = read()
+        return self._got[key]
+
+    def fed(self, feeds: list) -> list | None:
+        """The arrays of the elements a trace read (``feeds``), or None if one of them
+        has another structure, shape or dtype now (a partial batch: another trace)."""
+        out = []
+        for source, k, signature in feeds:
+            element = self.take(source, k)
+            if _element_signature(element) != signature:
+                return None
+            out += jax.tree.leaves(element)
+        return out
+
+
+class _Program:
+    """One trace of the function: the compiled program and how its outputs are read."""
+
+    def __init__(
+        self,
+        fn: Callable,
+        treedef: Any,
+        kinds: tuple,
+        statics: list,
+        dyn: list,
+        call: _Call,
+        donate: bool,
+    ) -> None:
+        info: dict = {}
+        feed = _feeds.Feed(call.where, call.take)
+
+        def body(*arrays: Any) -> list:
+            it, st = iter(arrays), iter(statics)
+            leaves = [next(it) if k == _DYNAMIC else next(st) for k in kinds]
+            args, kwargs = jax.tree.unflatten(treedef, leaves)
+            feed.restart()
+            with _context.enter(_context.function_state(fn)), _feeds.feeding(feed):
+                out = fn(*args, **kwargs)
+            flat, info["treedef"] = jax.tree.flatten(out)
+            # an element of an iterator it read, returned as it is (a one-replica run returns
+            # its argument): an output of the program, not the first call's array
+            read = {id(x) for _, _, e in feed.used for x in jax.tree.leaves(e)}
+            flat = [jax.numpy.copy(x) if id(x) in read else x for x in flat]
+            traced = [isinstance(x, jax.core.Tracer) for x in flat]
+            info["layout"] = [None if t else x for x, t in zip(flat, traced)]
+            return [x for x, t in zip(flat, traced) if t]
+
+        examples = [example(x, False) for x in dyn]
+        outputs = lambda: [x for x in info["layout"] if x is not None]  # noqa: E731
+        fed = lambda: [x for _, _, e in feed.used for x in jax.tree.leaves(e)]  # noqa: E731
+        self.staged = Staged(
+            fn, body, examples, outputs=outputs, numbers=True, writes=True, fed=fed
+        )
+        self.feeds = [(s, k, _element_signature(e)) for s, k, e in feed.used]
+        self._info = info
+        # the arrays of the state it overwrites: their buffers may hold the new values
+        donated = tuple(len(dyn) + i for i in self.staged.overwritten()) if donate else ()
+        self.program = jax.jit(self.staged.evaluate, donate_argnums=donated)
+
+    def inputs(self, fn: Callable, call: _Call) -> list | None:
+        """The program's inputs after the arguments (None: this trace does not fit)."""
+        fed = call.fed(self.feeds) if self.feeds else []
+        if fed is None:  # (before the state: `inputs` stores the numbers it writes)
+            return None
+        state = self.staged.inputs(fn)
+        return None if state is None else state + fed
+
+    def result(self, fn: Callable, outs: list) -> Any:
+        it = iter(outs)
+        layout = self._info["layout"]
+        leaves = [next(it) if x is None else self.staged.output(fn, x) for x in layout]
+        return jax.tree.unflatten(self._info["treedef"], leaves)
+
+
+class Function:
+    """A function compiled whole, reading and writing its state as TF's ``tf.function``.
+
+    Created by `function`; call it as the function. ``python_function`` is the
+    function it wraps.
+    """
+
+    def __init__(self, fn: Callable, name: str | None = None, donate_state: bool = False) -> None:
+        self.python_function = fn
+        self.donate_state = donate_state
+        self.__name__ = name or getattr(fn, "__name__", "function")
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self.__wrapped__ = fn
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Function:
+        if obj is None:
+            return self
+        method = types.MethodType(self.python_function, obj)
+        return Function(method, self.__name__, self.donate_state)
+
+    def __repr__(self) -> str:
+        return f"<jd.function {describe(self.python_function)}>"
+
+    def experimental_get_tracing_count(self) -> int:
+        """How many times the function was traced (TF's name): one per signature and state."""
+        return _compile.steps.size(self.python_function)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fn = self.python_function
+        if _jax_internals.tracing():  # inside another trace: inline, the outer trace owns it
+            return fn(*args, **kwargs)
+        leaves, treedef = jax.tree.flatten((args, kwargs))
+        call = _Call(fn, leaves)
+        code = getattr(fn, "__func__", fn)
+        try:
+            try:
+                return self._call(fn, leaves, treedef, call, _STATIC_NUMBERS.get(code, False))
+            except _user_errors.STEP_ERRORS as e:
+                if not _user_errors.is_step_error(e):
+                    raise
+                if _STATIC_NUMBERS.get(code) or not any(is_number(x) for x in leaves):
+                    _user_errors.raise_for_function(fn, e)
+                # it needs a Python number's value (``range(steps)``, ``jnp.zeros(k)``):
+                # numbers in its arguments are static from now on, as tf.function's are
+                _STATIC_NUMBERS[code] = True
+                del e
+            try:
+                return self._call(fn, leaves, treedef, call, True)
+            except _user_errors.STEP_ERRORS as e:
+                if not _user_errors.is_step_error(e):
+                    raise
+                _user_errors.raise_for_function(fn, e)
+        except OutOfRangeError:
+            raise
+        except StopIteration as e:  # TF raises its OutOfRangeError from the call
+            raise OutOfRangeError(f"End of sequence in {describe(fn)}: {e}") from None
+
+    def _call(self, fn: Callable, leaves: list, treedef: Any, call: _Call, static: bool) -> Any:
+        kinds, dyn, statics, key = [], [], [], []
+        for i, x in enumerate(leaves):
+            if isinstance(x, (jax.Array, np.ndarray)) or (is_number(x) and not static):
+                kinds.append(_DYNAMIC)
+                dyn.append(x)
+                key.append(_signature(x))
+            else:
+                kinds.append("s")
+                statics.append(x)
+                key.append(_static_key(x, i))  # an iterator: by its type (`_input.feeds`)
+        full = ("jd.function", treedef, tuple(key), self.donate_state)
+        how = (tuple(kinds), statics, dyn, call, self.donate_state)
+        build = lambda: _Program(fn, treedef, *how)  # noqa: E731
+        entry, extra = _compile.steps.get(fn, full, build, lambda e: e.inputs(fn, call))
+        outs = entry.program(*dyn, *extra)
+        entry.staged.write_back(fn, outs)
+        return entry.result(fn, outs)
+
+
+_CONCRETE = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerBoolConversionError,
+)
+_STATIC_NUMBERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # code's functions
+
+
+def function(
+    fn: Callable | None = None,
+    *,
+    donate_state: bool = False,
+    jit_compile: bool | None = None,
+    autograph: bool = True,
+    reduce_retracing: bool = False,
+) -> Any:
+    """TF's ``tf.function``: ``fn`` compiled whole, its state read and written as TF does.
+
+    Use it as a decorator (on functions and methods) or call it on a function. The
+    function may call ``strategy.run``, ``strategy.reduce`` and any JAX code; the
+    arrays and Python numbers it reads from ``self``, its closure or globals are read
+    afresh on every call, and what it assigns there is written back after the call.
+    ``next(iterator)`` of a distributed iterator inside it reads a new element on every
+    call. Arrays and Python numbers in its arguments are traced (a number it needs the
+    value of, ``range(steps)``, makes them static, as in TF); other Python values are
+    static.
+
+    Args:
+        fn: the function (or method) to compile.
+        donate_state: donate the buffers of the arrays it overwrites in its state
+            (``self.params = new``) to the program (``jax.jit``'s ``donate_argnums``):
+            their memory holds the new values; the old arrays are deleted after a call.
+        jit_compile: TF's option; XLA always compiles the function (accepted, no effect).
+        autograph: TF's option; Python control flow always runs at trace time, as with
+            ``autograph=False`` (accepted, no effect).
+        reduce_retracing: TF's option (accepted, no effect): shapes are not generalized.
+
+    Returns:
+        A `Function` (or a decorator making one when ``fn`` is None).
+
+    Raises:
+        TypeError: ``fn`` is not callable, or ``donate_state`` is not a bool.
+
+    >>> import jax.numpy as jnp, jaxdist as jd
+    >>> strategy = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    >>> class Trainer:
+    ...     def __init__(self):
+    ...         self.w = jnp.ones(())
+    ...     def step(self, x):
+    ...         return jd.get_replica_context().all_reduce("SUM", x * self.w)
+    ...     @jd.function
+    ...     def train(self, x):
+    ...         total = strategy.run(self.step, args=(x,))
+    ...         self.w = self.w + 1.0          # written back after the call
+    ...         return total
+    >>> t = Trainer()
+    >>> float(t.train(jnp.ones(())).values[0]), float(t.train(jnp.ones(())).values[0])
+    (2.0, 4.0)
+    >>> float(t.w)
+    3.0
+    """
+    if type(donate_state) is not bool:
+        raise TypeError(f"jd.function(donate_state=...) takes a bool; got {donate_state!r}.")
+    del jit_compile, autograph, reduce_retracing
+    if fn is None:
+        return functools.partial(function, donate_state=donate_state)
+    if not callable(fn):
+        raise TypeError(f"jd.function(fn) takes a function or method; got {type(fn).__name__}.")
+    return functools.wraps(fn, updated=())(Function(fn, donate_state=donate_state))
