@@ -48,13 +48,13 @@ test-fast: $(STAMP)
 	$(PY) -m ruff check jaxdist tests benchmarks examples
 	JAXDIST_REQUIRE_DEV=1 $(PY) -m pytest -q $(PARALLEL) -m "not slow"
 
-# The property-based sweep (tests/test_sweep_*.py) with thousands of random draws instead of CI's
+# The property-based sweep (tests/*/test_sweep_*.py) with thousands of random draws instead of CI's
 # dozen derandomized ones: run it before a change to the split, the Keras steps or the
 # partial-batch machinery lands. SWEEP_EXAMPLES draws per custom-loop test (Keras: a tenth).
 SWEEP_EXAMPLES ?= 2000
 sweep: $(STAMP)
 	JAXDIST_SWEEP=1 JAXDIST_SWEEP_EXAMPLES=$(SWEEP_EXAMPLES) JAXDIST_REQUIRE_DEV=1 \
-		$(PY) -m pytest -q tests/test_sweep_split.py tests/test_sweep_keras.py tests/test_sweep_multiworker.py
+		$(PY) -m pytest -q tests/package/test_sweep_split.py tests/keras/test_sweep_keras.py tests/package/test_sweep_multiworker.py
 
 # The newest JAX (it needs Python 3.12+): a venv of its own, the newest jax installed FIRST,
 # then jaxdist with its extras; installing jaxdist must leave jax and jaxlib as they were.
@@ -105,7 +105,7 @@ conformance: $(STAMP)
 	$(PY) ../shared/conformance/run_jaxdist.py .
 
 # The docs site (docs/, mkdocs.yml) into site/, warnings as errors. Installs the `docs` extra into
-# the same .venv; the notebooks are rendered as they are stored (tests/test_notebooks.py runs them).
+# the same .venv; the notebooks are rendered as they are stored (tests/package/test_notebooks.py runs them).
 DOCS_STAMP := $(VENV)/.docs-installed
 $(DOCS_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -14,7 +14,7 @@ import os
 import sys
 
 sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "cluster")
 )
 
 import test_multi_worker as harness  # noqa: E402

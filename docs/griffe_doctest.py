@@ -1,5 +1,5 @@
 """A griffe extension for the API pages: jaxdist's docstrings hold bare `>>>` examples
-(run as doctests by tests/test_doctests.py). Markdown would read them as block quotes and
+(run as doctests by tests/package/test_doctests.py). Markdown would read them as block quotes and
 their printed lists (`[2.0, 4.0]`) as reference links; this wraps each example, prompts and
 expected output up to the next blank line, in a ```pycon fence. The docstrings are unchanged.
 """

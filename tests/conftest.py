@@ -21,7 +21,7 @@ import jaxdist as jd  # noqa: E402
 
 REPLICAS = (1, 2, 4, 8)
 
-try:  # the sweep's profiles (tests/test_sweep_*.py); hypothesis is in the dev extra
+try:  # the sweep's profiles (tests/*/test_sweep_*.py); hypothesis is in the dev extra
     from hypothesis import HealthCheck, settings
 except ImportError:  # the sweep modules fail or skip on their own (`require`)
     pass
@@ -122,7 +122,7 @@ def run_local(s, fn, x, *more):
 # -- The slow tier ------------------------------------------------------------------------------
 # `make test` (and CI) runs every test; `make test-fast` leaves out the ones marked `slow` here
 # (`-m "not slow"`), so that the inner loop while editing takes a few minutes, not half an hour.
-# tests/test_tiers.py holds this list to the kinds that must be in it.
+# tests/package/test_tiers.py holds this list to the kinds that must be in it.
 
 SLOW_FILES = {  # test file: why it is in the slow tier
     "test_multi_worker.py": "several processes (jax.distributed, tests/multiworker_worker.py)",

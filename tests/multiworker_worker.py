@@ -1,6 +1,6 @@
 """One worker of the multi-worker tests: ``python multiworker_worker.py SCENARIO TIMEOUT``.
 
-The harness (tests/test_multi_worker.py) sets ``TF_CONFIG`` per process. Every worker
+The harness (tests/cluster/test_multi_worker.py) sets ``TF_CONFIG`` per process. Every worker
 has 2 simulated CPU devices. Scenarios:
 
 * ``basic``: replicas, all_reduce, reduce, gather, a training step and the input
@@ -447,9 +447,9 @@ SWEEP_DRAWS = [  # (rows, batch, drop_remainder, jit) for 2 workers x 2 devices 
 
 
 def sweep(s, jd, timeout):
-    """Fixed draws of the sweep (tests/test_sweep_multiworker.py): an epoch of SGD on a linear
+    """Fixed draws of the sweep (tests/package/test_sweep_multiworker.py): an epoch of SGD on a linear
     model with the global-batch mean loss, over every global batch; each draw's losses and
-    weights (tests/test_sweep_split.py computes one device's)."""
+    weights (tests/package/test_sweep_split.py computes one device's)."""
     import jax
     import jax.numpy as jnp
 

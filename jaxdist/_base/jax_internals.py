@@ -4,33 +4,33 @@ jaxdist supports JAX 0.10 through the newest release (0.12 today); CI runs the w
 floor (Python 3.11, jax 0.10.2: `make test`) and on the newest (Python 3.12: `make test-latest`).
 Everything else in jaxdist uses JAX's public API (`jax`, `jax.lax`, `jax.extend.core`,
 `jax.interpreters.ad` / `batching`, `jax.distributed`, `jax.Array`). What has no public
-replacement is read here, and nowhere else (`tests/test_jax_internals.py` checks that no other
+replacement is read here, and nowhere else (`tests/base/test_jax_internals.py` checks that no other
 module names ``jax._src``):
 
 Each read, why it has no public replacement, and the test that guards it:
 
 - ``jax._src.core.trace_state_clean``: "is any JAX transformation tracing now?" (``jax.core``
   exports no such query, and a tracer is not always at hand to inspect). Guarded by
-  ``tests/test_jit.py`` (eager vs traced calls) and ``tests/test_jax_internals.py``.
+  ``tests/run/test_jit.py`` (eager vs traced calls) and ``tests/base/test_jax_internals.py``.
 - ``jax._src.core.unsafe_get_current_trace``: the innermost trace, to tell a step's own tracers
   from an outer ``jax.jit``'s (by a tracer's ``_trace``: `is_inner_tracer`). Guarded by
-  ``tests/test_jit.py`` (steps inside a user's jit).
+  ``tests/run/test_jit.py`` (steps inside a user's jit).
 - ``jax._src.xla_bridge.backends_are_initialized``: "has the backend started?" without starting
   it (every public device query starts it, and both ``PJRT_NPROC`` and
-  ``jax.distributed.initialize`` must come before that). Guarded by ``tests/test_cpu_threads.py``
-  and ``tests/test_cluster_resolver.py``.
+  ``jax.distributed.initialize`` must come before that). Guarded by
+  ``tests/base/test_cpu_threads.py`` and ``tests/cluster/test_cluster_resolver.py``.
 - ``jax._src.distributed.global_state.client``: the coordination service's key-value store
   (``jax.distributed`` exposes initialize and shutdown only), for multi-worker input agreement
-  and the liveness guard. Guarded by ``tests/test_multi_worker.py``.
+  and the liveness guard. Guarded by ``tests/cluster/test_multi_worker.py``.
 - The collective primitives' names and params (``psum`` / ``pmax`` / ``pmin`` ``axes``,
   ``all_gather`` ``all_gather_dimension`` / ``tiled``, ``reduce_scatter``
   ``scatter_dimension``, ``axis_index``): a partial-batch step interprets the step's jaxpr
   (``jax.extend.core`` gives jaxprs, not stable names or params). Guarded by
   `check_collectives` (run before the first partial-batch step) and
-  ``tests/test_nested_collectives.py``.
+  ``tests/partial/test_nested_collectives.py``.
 - XLA's CPU compile options (`QUICK_CPU` in `jaxdist._program.compile`): each is tried alone and
   dropped where the jaxlib rejects it (``xla_cpu_use_fusion_emitters`` is gone in jaxlib 0.11).
-  Guarded by ``tests/test_ragged.py``.
+  Guarded by ``tests/partial/test_ragged.py``.
 
 On a JAX where one of these is missing, the call that needs it raises `JaxInternalsError`
 naming the JAX version and what is missing: never a silent fallback that could change an answer.

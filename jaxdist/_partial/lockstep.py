@@ -34,7 +34,7 @@ call primitives (``psum`` ``axes``, ``all_gather`` ``all_gather_dimension`` /
 ``tiled``, ``reduce_scatter`` ``scatter_dimension``, ``cond`` ``branches``, the
 sub-jaxpr of ``jit`` / ``remat2`` / ``custom_*_call``), as of jax 0.10 to 0.12.
 `jaxdist._base.jax_internals.check_collectives` checks them on this JAX before the first
-partial-batch step and `tests/test_nested_collectives.py` exercises each of them; an
+partial-batch step and `tests/partial/test_nested_collectives.py` exercises each of them; an
 unknown primitive holding a collective is a clear error, not a wrong answer.
 """
 
