@@ -54,7 +54,7 @@ test-fast: $(STAMP)
 SWEEP_EXAMPLES ?= 2000
 sweep: $(STAMP)
 	JAXDIST_SWEEP=1 JAXDIST_SWEEP_EXAMPLES=$(SWEEP_EXAMPLES) JAXDIST_REQUIRE_DEV=1 \
-		$(PY) -m pytest -q tests/package/test_sweep_split.py tests/keras/test_sweep_keras.py tests/package/test_sweep_multiworker.py
+		$(PY) -m pytest -q tests/package/test_sweep_split.py tests/keras_wing/test_sweep_keras.py tests/package/test_sweep_multiworker.py
 
 # The newest JAX (it needs Python 3.12+): a venv of its own, the newest jax installed FIRST,
 # then jaxdist with its extras; installing jaxdist must leave jax and jaxlib as they were.

@@ -1,4 +1,4 @@
-"""One worker of tests/keras/test_keras.py's multi-worker test: ``python keras_multiworker_worker.py
+"""One worker of tests/keras_wing/test_keras.py's multi-worker test: ``python keras_multiworker_worker.py
 OUT_DIR``. The harness sets ``TF_CONFIG``; every worker has 2 simulated CPU devices.
 
 The program is TF's multi-worker Keras program: build and compile in the

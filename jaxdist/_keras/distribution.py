@@ -17,7 +17,7 @@ methods per replica through ``strategy.run`` TF's way. These three methods are
 patched on ``keras.Model`` once, when this module loads; models without a
 strategy keep Keras' own functions.
 
-Private Keras API used (covered by tests/test_keras.py, Keras pinned to the
+Private Keras API used (covered by tests/keras_wing/test_keras.py, Keras pinned to the
 range `SUPPORTED`): the ``train_function``/``test_function``/``predict_function``
 protocol of ``keras/src/backend/jax/trainer.py`` (``(state, iterator) -> (logs,
 state)``), ``Model._update_metrics_variables`` (the metric update Keras' own

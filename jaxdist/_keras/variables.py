@@ -23,7 +23,7 @@ value as it is inside a jaxdist replica step, and does what Keras does anywhere 
 recipe use after their own all-reduce) is not changed: it runs ``apply`` inside a stateless scope,
 which this wrapper leaves alone. Private Keras API used: ``keras.src.backend.common.
 stateless_scope.in_stateless_scope`` and ``keras.src.backend.jax.distribution_lib.
-distribute_tensor`` (covered by tests/test_replica_state_keras.py).
+distribute_tensor`` (covered by tests/keras_wing/test_replica_state_keras.py).
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ def _private_names_defined(tree):
 ALLOWED = {
     "os._exit",  # the standard library's documented private-looking names
     # Keras' private API, named in jaxdist/_keras/distribution.py's docstring, pinned in pyproject.toml
-    # (keras>=3.10,<3.16) and covered by tests/keras/test_keras.py: the metric update of Keras' own
+    # (keras>=3.10,<3.16) and covered by tests/keras_wing/test_keras.py: the metric update of Keras' own
     # JAX train_step / test_step.
     "model._update_metrics_variables",
     # Keras' optimizer variable list, trimmed back when a build inside a trace is refused

@@ -31,7 +31,7 @@ NO_EXAMPLES = {
     "jaxdist._run",
     "jaxdist._strategy",
     "jaxdist._values",
-    # a model's own train_step under a strategy: shown by tests/keras/test_keras_override.py
+    # a model's own train_step under a strategy: shown by tests/keras_wing/test_keras_override.py
     "jaxdist._keras.override",
     "jaxdist._keras.tfloss",
     "jaxdist._partial",

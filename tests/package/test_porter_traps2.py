@@ -16,9 +16,9 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from conftest import mirrored  # noqa: E402
 
 import jaxdist as jd  # noqa: E402
-from tests.conftest import mirrored  # noqa: E402
 
 ROOT = Path(__file__).parents[2]
 ANSWERS = json.loads((Path(__file__).parents[1] / "tf_oracle" / "answers.json").read_text())

@@ -70,7 +70,7 @@ CASES = {
 
 def sweep_sizes(r, count=6):
     """Seeded draws of (rows 1..300, batch 1..70) for R replicas: the Keras axis of the sweep
-    (tests/keras/test_sweep_keras.py draws among the recorded ones)."""
+    (tests/keras_wing/test_sweep_keras.py draws among the recorded ones)."""
     rng = np.random.default_rng(1000 + r)
     return [(int(rng.integers(1, 301)), int(rng.integers(1, 71))) for _ in range(count)]
 

@@ -1,5 +1,5 @@
 """Record TF 2.21 + Keras 3 answers for models that override train_step / test_step /
-compute_loss, under tf.distribute.MirroredStrategy (test vectors for tests/keras/test_keras_override.py).
+compute_loss, under tf.distribute.MirroredStrategy (test vectors for tests/keras_wing/test_keras_override.py).
 
 Usage: /work/tfvenv/bin/python override_cases.py R [OUT_JSON [CASE,CASE...]]   (R in 1, 2, 3, 8;
 a third argument records only those cases, e.g.
@@ -8,7 +8,7 @@ then:  /work/tfvenv/bin/python override_cases.py merge   (joins every override_p
 override_answers.json). Same set-up as keras_cases.py: 8 logical CPUs, few threads, oneDNN off.
 
 The overrides are the TF-backend versions (tf.GradientTape, ``optimizer.apply``,
-``metric.update_state``) of the JAX ones in tests/keras/test_keras_override.py, written line for line
+``metric.update_state``) of the JAX ones in tests/keras_wing/test_keras_override.py, written line for line
 after keras-io's "Customizing what happens in fit()" guides:
 
 - ``basic``: ``compute_loss`` (compiled MSE) + the optimizer + every ``self.metrics`` updated

@@ -31,7 +31,7 @@ SW = np.linspace(0.5, 1.5, 250).astype("float32")
 if keras.backend.backend() != "jax":  # Keras was imported first with another backend
     if dev_required():
         raise RuntimeError(
-            f"tests/keras/test_keras.py needs KERAS_BACKEND=jax; got {keras.backend.backend()}"
+            f"tests/keras_wing/test_keras.py needs KERAS_BACKEND=jax; got {keras.backend.backend()}"
         )
     pytest.skip("needs KERAS_BACKEND=jax", allow_module_level=True)
 
@@ -434,7 +434,7 @@ class OwnStep(keras.Sequential):
 
 
 def test_an_own_train_step_calling_keras_step_gives_tfs_fit():
-    """A model's own train_step runs per replica with TF's meaning (tests/keras/test_keras_override.py);
+    """A model's own train_step runs per replica with TF's meaning (tests/keras_wing/test_keras_override.py);
     one that calls Keras' own (``super()``) gives TF's answers for Keras' step."""
     with mirrored(8).scope():
         model = compile_(build(cls=OwnStep))

@@ -2,7 +2,7 @@
 ``steps_per_execution=k`` run as k steps in one program (TF's ``tf.function`` around k steps).
 
 Expected values come from the same model trained one step per program (``k = 1``, itself
-checked against TF's recorded answers in tests/keras/test_keras.py) and from plain Keras."""
+checked against TF's recorded answers in tests/keras_wing/test_keras.py) and from plain Keras."""
 
 import os
 
@@ -19,7 +19,7 @@ import jaxdist as jd  # noqa: E402
 if keras.backend.backend() != "jax":  # Keras was imported first with another backend
     if dev_required():
         raise RuntimeError(
-            f"tests/keras/test_keras_fused.py needs KERAS_BACKEND=jax; got {keras.backend.backend()}"
+            f"tests/keras_wing/test_keras_fused.py needs KERAS_BACKEND=jax; got {keras.backend.backend()}"
         )
     pytest.skip("needs KERAS_BACKEND=jax", allow_module_level=True)
 
