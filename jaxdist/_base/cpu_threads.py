@@ -95,9 +95,47 @@ def _process_cpu_devices() -> int:
         return 0
 
 
+def _requested_late() -> tuple[int, int] | None:
+    """``(asked, got)`` when ``XLA_FLAGS`` asks for more simulated CPU devices than this
+    process has: it was set after JAX started its backend (XLA reads it once, then)."""
+    found = _FLAG.findall(os.environ.get("XLA_FLAGS", ""))
+    try:
+        configured = int(getattr(jax.config, "jax_num_cpu_devices", 0) or 0)
+    except (ValueError, TypeError):  # pragma: no cover - an odd config value
+        configured = 0
+    if not found or configured > 0:
+        return None
+    try:
+        got = len(jax.local_devices(backend="cpu"))
+    except RuntimeError:  # pragma: no cover - no CPU backend
+        return None
+    asked = int(found[-1])
+    return (asked, got) if asked > got else None
+
+
+def check_requested() -> None:
+    """Warns once when ``XLA_FLAGS`` asks for simulated CPU devices this process does not
+    have (set after JAX started: the strategy silently gets fewer replicas)."""
+    late = None if _state.get("warned_late") else _requested_late()
+    if late is None:
+        return
+    _state["warned_late"] = True
+    warnings.warn(
+        f"XLA_FLAGS asks for {late[0]} simulated CPU devices, but this process has {late[1]}: "
+        "XLA reads XLA_FLAGS once, when JAX starts its backend, and it was set after that, so "
+        f"the strategy has {late[1]} CPU device(s). Set XLA_FLAGS before anything runs JAX "
+        "(before importing jax and jaxdist), or call jax.config.update('jax_num_cpu_devices', "
+        f"{late[0]}) before JAX starts.",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
 def check(num_cpu_devices: int) -> None:
     """Warns once when a strategy uses more simulated CPU devices than XLA's pool can
-    run two programs of (the backend started before jaxdist could size it)."""
+    run two programs of (the backend started before jaxdist could size it), and when
+    ``XLA_FLAGS`` asked for devices the process does not have (`check_requested`)."""
+    check_requested()
     if _state.get("warned") or num_cpu_devices < 2:
         return
     threads = cpu_threads()["threads"] or max(os.cpu_count() or 1, num_cpu_devices)

@@ -98,3 +98,44 @@ def test_a_value_inherited_from_a_parent_jaxdist_is_sized_again(devices, want):
     p = _run(code, devices, PJRT_NPROC="16", JAXDIST_PJRT_NPROC="16")
     assert p.returncode == 0, p.stderr[-2000:]
     assert want in p.stdout
+
+
+@pytest.mark.parametrize("devices", [2, 8])
+def test_xla_flags_set_after_the_backend_started_warns(devices):
+    """XLA reads XLA_FLAGS once: set after JAX started, the process keeps one CPU device and a
+    strategy silently had one replica; now the first strategy says why."""
+    code = f"""
+    import os, warnings, jax
+    jax.devices()
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count={devices}"
+    import jaxdist as jd
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        s = jd.MirroredStrategy()
+    print(s.num_replicas_in_sync, [str(x.message) for x in w])
+    """
+    full = dict(os.environ, JAX_PLATFORMS="cpu")
+    full.pop("XLA_FLAGS", None)
+    p = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=full,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.startswith("1 ")
+    assert f"XLA_FLAGS asks for {devices} simulated CPU devices, but this process has 1" in p.stdout
+    assert "jax_num_cpu_devices" in p.stdout
+
+
+def test_xla_flags_read_in_time_gives_no_such_warning():
+    code = """
+    import warnings
+    warnings.simplefilter("error")
+    import jaxdist as jd
+    print(jd.MirroredStrategy().num_replicas_in_sync)
+    """
+    p = _run(code, 8)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "8"
