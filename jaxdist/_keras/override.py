@@ -6,6 +6,11 @@ every replica with TF's meaning (``tf.distribute.MirroredStrategy``'s ``fit`` ru
   (`jaxdist._keras.tfloss`): a Keras loss is scaled by ``1 / num_replicas_in_sync``, and every
   optimizer's ``stateless_apply`` (``self.optimizer``, a GAN's ``d_optimizer`` and
   ``g_optimizer``) applies the gradients summed over the replicas.
+* Every optimizer the model holds keeps its state from step to step, as TF's do: one outside
+  Keras' state (a GAN's second) is read through a ``keras.StatelessScope`` and its new
+  variables, which the step cannot return, are taken from its ``stateless_apply``
+  (`other_optimizers`; on Keras' own JAX backend its moments would start again every step).
+  An optimizer the model does not hold is an error (jaxdist could not keep its state).
 * Trainable and optimizer variables are TF's mirrored variables, which a replica updates through
   its optimizer: each value the step returns for them is the optimizer's output (or the value it
   was given), the same on every replica; any other is an error naming the variable (jaxdist could
@@ -48,11 +53,47 @@ def metrics_part(kind: str) -> int | None:
     return {"train": 3, "test": 2}.get(kind)
 
 
-def replica_step(model: Any, ctx: Any, layout: Layout, kind: str, state: Any, data: Any):
-    """One replica's own step: ``(outputs, Keras' state, the per-replica copies)``."""
+def other_optimizers(model: Any) -> list:
+    """The built optimizers the model holds besides ``model.optimizer`` (a GAN's
+    ``g_optimizer``): attributes, or items of a list, tuple or dict attribute, each once."""
+    found: dict[int, Any] = {id(model.optimizer): None}
+    for value in vars(model).values():
+        if isinstance(value, dict):
+            items = list(value.values())
+        else:
+            items = list(value) if isinstance(value, (list, tuple)) else [value]
+        for v in items:
+            if isinstance(v, keras.optimizers.Optimizer) and id(v) not in found:
+                found[id(v)] = v
+    return [v for v in found.values() if v is not None and v.built]
+
+
+def optimizer_variables(optimizers: Sequence) -> list:
+    """Their variables, in order."""
+    return [v for opt in optimizers for v in opt.variables]
+
+
+def replica_step(
+    model: Any,
+    ctx: Any,
+    layout: Layout,
+    kind: str,
+    state: Any,
+    data: Any,
+    others: Sequence = (),
+):
+    """One replica's own step: ``(outputs, Keras' state, the per-replica copies)``. With
+    ``others`` (`other_optimizers`), ``state`` ends with their variables' values, read by the
+    step through a ``keras.StatelessScope`` and returned as their last ``stateless_apply`` (or
+    an assignment in the step) left them: TF's optimizers keep their state."""
     empty = is_empty(data)
-    with tf_meaning(ctx, empty) as trace:
+    extra, state = (list(state[-1]), tuple(state[:-1])) if others else ([], state)
+    carried = [model.optimizer, *others] if kind == "train" else None
+    mapping = list(zip(optimizer_variables(others), extra))
+    with tf_meaning(ctx, empty, carried) as trace, keras.StatelessScope(mapping) as scope:
         out, new = getattr(model, f"{kind}_step")(state, data)
+    if others:
+        extra = _others_after(others, trace, scope)
     if kind == "predict":
         new = (state[0], _kept(state[1], new, empty))
         return out, new, layout.own_copies(new)
@@ -62,8 +103,21 @@ def replica_step(model: Any, ctx: Any, layout: Layout, kind: str, state: Any, da
         names = _names(model.optimizer.variables) if model.optimizer is not None else []
         _check_mirrored(model, kind, trace, state[2], new[2], names)
     new[1] = _aggregated(ctx, layout, _kept(state[1], new[1], empty))
-    new_state = tuple(new)
+    new_state = (*new, extra) if others else tuple(new)
     return _mean_logs(ctx, out), new_state, layout.own_copies(new_state)
+
+
+def _others_after(others: Sequence, trace: ReplicaTrace, scope: Any) -> list:
+    """Each optimizer's variables after the step: its last ``stateless_apply``'s, else as
+    the step assigned them in the scope, else as they were."""
+    out = []
+    for opt in others:
+        applied = trace.applied.get(id(opt))
+        if applied is not None:
+            out += applied
+        else:
+            out += [scope.get_current_value(v) for v in opt.variables]
+    return out
 
 
 def _names(variables: Sequence) -> list[str]:

@@ -146,6 +146,24 @@ def metrics_result(model: Any, metrics_variables: Any) -> dict:
         return model.get_metrics_result()
 
 
+def restore_variables(model: Any, state: Any) -> None:
+    """Keras' variables given ``state``'s values. Keras' JAX trainer empties them while it
+    trains and fills them at the end of an epoch: a step that raised (a clear error while
+    tracing) would leave the model without weights. Nothing is done where the state's arrays
+    were given to a program that ran (donated)."""
+    leaves = jax.tree.leaves(state)
+    if any(isinstance(x, jax.Array) and x.is_deleted() for x in leaves):
+        return
+    groups = [model.trainable_variables, model.non_trainable_variables]
+    if len(state) == 4 and model.optimizer is not None:
+        groups.append(model.optimizer.variables)
+    if len(state) >= 3:
+        groups.append(model.metrics_variables)
+    for variables, values in zip(groups, state):
+        for v, x in zip(variables, values):
+            v.assign(x)
+
+
 class Layout:
     """Which variables are kept per replica (`slots`), and which non-trainable ones are
     all-reduced (``mean``, ``sum``) or replica 0's.

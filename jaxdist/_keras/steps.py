@@ -67,8 +67,15 @@ from jaxdist._base.layout import rows_as_replicated
 from jaxdist._base.options import InputOptions
 from jaxdist._input.place import Placer
 from jaxdist._keras.fused import host_split, numpy_rows, same_shapes, scan_steps
-from jaxdist._keras.override import metrics_part, overrides, own_loss, replica_step
-from jaxdist._keras.replica import Layout, test_replica, train_replica
+from jaxdist._keras.override import (
+    metrics_part,
+    optimizer_variables,
+    other_optimizers,
+    overrides,
+    own_loss,
+    replica_step,
+)
+from jaxdist._keras.replica import Layout, restore_variables, test_replica, train_replica
 from jaxdist._keras.tfloss import install as install_tf_meaning
 from jaxdist._state.replica import explicit_state
 from jaxdist._strategy.default import get_replica_context
@@ -128,6 +135,8 @@ class StepFunction:
         self.override = overrides(model, kind)  # the model's own step (`jaxdist._keras.override`)
         self.tf_loss = own_loss(model) and not self.override
         self.layout = Layout(model, strategy, metrics_part(kind) if self.override else None)
+        # a model's own train_step: the optimizers outside Keras' state whose state it keeps
+        self.others = other_optimizers(model) if self.override and kind == "train" else []
         self._source: Any = None
         self._returned: Any = None
         self._batches: Any = None
@@ -153,6 +162,21 @@ class StepFunction:
         return model
 
     def __call__(self, state: Any, iterator: Any) -> tuple[Any, Any]:
+        try:
+            if not self.others:
+                return self._call(state, iterator)
+            variables = optimizer_variables(self.others)  # read afresh, written back after
+            outputs, new = self._call((*state, [v.value for v in variables]), iterator)
+        except StopIteration:
+            raise
+        except Exception:  # the model keeps its weights (Keras emptied them for the epoch)
+            restore_variables(self.model(), state)
+            raise
+        for v, value in zip(variables, new[-1]):
+            v.assign(value)
+        return outputs, tuple(new[:-1])
+
+    def _call(self, state: Any, iterator: Any) -> tuple[Any, Any]:
         k = max(1, int(self.model().steps_per_execution))
         if k == 1 and self._direct and not _WHOLE_BATCH.get():  # one replica, one step
             batch = next(iterator)
@@ -370,7 +394,7 @@ class StepFunction:
         model = self.model()
         state = self.layout.with_copies(state, copies, ctx)
         if self.override:
-            return replica_step(model, ctx, self.layout, self.kind, state, data)
+            return replica_step(model, ctx, self.layout, self.kind, state, data, self.others)
         x, y, sw = keras.utils.unpack_x_y_sample_weight(data)
         if self.kind == "predict":
             y_pred, ntv = model.predict_step(state, data)

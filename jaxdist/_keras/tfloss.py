@@ -15,7 +15,9 @@ own functions).
 
 The optimizer's ``stateless_apply`` inside it records the arrays it returns (`ReplicaTrace.made`),
 so that a step's caller can tell the weights the optimizer updated (the same on every replica:
-its gradients were summed) from ones the step changed by itself.
+its gradients were summed) from ones the step changed by itself, and each optimizer's new
+variables (`ReplicaTrace.applied`), which the caller keeps for an optimizer whose variables are
+not in Keras' state (a GAN's second optimizer: TF keeps its moments from step to step).
 
 Private Keras API wrapped (once, by `install`): ``keras.src.losses.loss`` (``reduce_values``,
 ``scale_loss_for_distribution``, ``unscale_loss_for_distribution``), ``Trainer.
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -49,13 +51,30 @@ class ReplicaTrace:
     """One replica's step being traced with TF's meaning: its replica context, whether it has
     rows, and what its optimizers returned."""
 
-    def __init__(self, ctx: Any, empty: bool) -> None:
+    def __init__(self, ctx: Any, empty: bool, carried: Sequence[Any] | None = None) -> None:
         self.ctx = ctx
         self.n = ctx.num_replicas_in_sync
         self.empty = empty
         self.made: dict[int, Any] = {}
         self.applying = 0
         self.summed = 0
+        # the optimizers whose state the step's caller carries (None: not checked), and the
+        # optimizer variables each one's last ``stateless_apply`` returned, by ``id``
+        self.carried = None if carried is None else {id(o) for o in carried}
+        self.applied: dict[int, list] = {}
+
+    def check_carried(self, optimizer: Any) -> None:
+        """Raises unless the step's caller keeps ``optimizer``'s state from step to step."""
+        if self.carried is None or id(optimizer) in self.carried:
+            return
+        raise ValueError(
+            f"A model's own train_step applied a {type(optimizer).__name__} "
+            f"({getattr(optimizer, 'name', '?')!r}) whose state fit does not keep: it is "
+            "neither model.optimizer nor a built optimizer the model holds. Under a jaxdist "
+            "strategy fit keeps the state (iterations, moments) of those, as TF keeps every "
+            "optimizer's. Assign it to the model (self.g_optimizer = ...) and build it in the "
+            "strategy's scope (optimizer.build(<the variables it updates>)) before fit."
+        )
 
     def made_here(self, value: Any) -> bool:
         """Whether ``value`` is an array an optimizer's ``stateless_apply`` returned."""
@@ -74,9 +93,12 @@ class ReplicaTrace:
 
 
 @contextlib.contextmanager
-def tf_meaning(ctx: Any, empty: bool) -> Iterator[ReplicaTrace]:
-    """Keras' losses and optimizers with TF's replica meaning while the block traces."""
-    trace = ReplicaTrace(ctx, empty)
+def tf_meaning(
+    ctx: Any, empty: bool, carried: Sequence[Any] | None = None
+) -> Iterator[ReplicaTrace]:
+    """Keras' losses and optimizers with TF's replica meaning while the block traces
+    (``carried``: the optimizers a model's own step may apply, `ReplicaTrace.check_carried`)."""
+    trace = ReplicaTrace(ctx, empty, carried)
     token = _TRACE.set(trace)
     try:
         yield trace
@@ -150,6 +172,7 @@ def _stateless_apply(self: Any, optimizer_variables: Any, grads: Any, trainable_
             "strategy: TF accumulates each replica's gradients on its own, which jaxdist does "
             "not reproduce. Use gradient_accumulation_steps=None, or write the loop yourself."
         )
+    trace.check_carried(self)
     trace.applying += 1
     before = trace.summed
     try:
@@ -164,6 +187,7 @@ def _stateless_apply(self: Any, optimizer_variables: Any, grads: Any, trainable_
             "strategy here. Write the loop yourself (docs/guides/keras.md)."
         )
     trace.made.update((id(v), v) for v in (*tv, *ov))
+    trace.applied[id(self)] = list(ov)
     return tv, ov
 
 

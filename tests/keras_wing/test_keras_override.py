@@ -157,8 +157,9 @@ class OwnTestStep(keras.Model):
 
 
 class GAN(keras.Model):
-    """Two models, two optimizers (``d_optimizer`` is the compiled one, in Keras' state; the
-    generator's SGD keeps no state the step would have to return)."""
+    """Two models, two optimizers: ``d_optimizer`` is the compiled one, in Keras' state; the
+    generator's is read from its variables and its new variables are dropped by the step (as a
+    Keras JAX step must: they are not in Keras' state). TF keeps them, and so does jaxdist."""
 
     def __init__(self, discriminator, generator):
         super().__init__()
@@ -215,7 +216,7 @@ class GAN(keras.Model):
         return logs, (d_tv + g_tv, ntv, ov, d_vars + g_vars)
 
 
-def gan_model():
+def gan_model(adam=False):
     d = keras.Sequential(
         [keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)]
     )
@@ -225,7 +226,10 @@ def gan_model():
     set_weights(d.layers, 2)
     set_weights(g.layers, 3)
     model = GAN(d, g)
-    model.compile(keras.optimizers.SGD(0.05), keras.optimizers.SGD(0.1))
+    if adam:  # both optimizers keep moments and a step count from step to step
+        model.compile(keras.optimizers.Adam(0.01), keras.optimizers.Adam(0.02))
+    else:
+        model.compile(keras.optimizers.SGD(0.05), keras.optimizers.SGD(0.1))
     return model
 
 
@@ -243,7 +247,7 @@ def make(case, **kw):
         model = dense_stack(OwnTestStep)
         model.compile(loss="mse", metrics=["mae"], **kw)
     else:
-        model = gan_model()
+        model = gan_model(adam=case == "gan_adam")
     return model
 
 
@@ -256,10 +260,15 @@ def run(strategy, case, rows, **kw):
             X[:rows], Y[:rows], batch_size=BATCH, verbose=0, return_dict=True
         )
     else:
-        x, y = (REAL[:rows], Z[:rows]) if case == "gan" else (X[:rows], Y[:rows])
+        x, y = (REAL[:rows], Z[:rows]) if case.startswith("gan") else (X[:rows], Y[:rows])
         fit_kw = {"sample_weight": SW[:rows]} if case == "sw" else {}
         hist = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, **fit_kw)
         out["history"] = hist.history
+    if case == "gan_adam":
+        out["iterations"] = {
+            "d": int(model.d_optimizer.iterations.value),
+            "g": int(model.g_optimizer.iterations.value),
+        }
     out["weights"] = model.get_weights()
     return out
 
@@ -305,6 +314,8 @@ def check(case, rows, r, **kw):
         assert_close(got["history"], history, "history")
     if "evaluate" in want:
         assert_close(got["evaluate"], want["evaluate"], "evaluate")
+    if "iterations" in want:
+        assert got["iterations"] == want["iterations"]
     assert len(got["weights"]) == len(want["weights"])
     for i, (g, w) in enumerate(zip(got["weights"], want["weights"])):
         np.testing.assert_allclose(g, np.asarray(w), atol=TOL, rtol=0, err_msg=f"weight {i}")
@@ -316,7 +327,14 @@ REPLICAS = [1, 2, 3, 8]
 @pytest.mark.parametrize("r", REPLICAS, ids=lambda r: f"r{r}")
 @pytest.mark.parametrize(
     "case, rows",
-    [("basic", 330), ("extra", 257), ("gan", 250), ("test", 330), ("closs", 257)],
+    [
+        ("basic", 330),
+        ("extra", 257),
+        ("gan", 250),
+        ("gan_adam", 250),
+        ("test", 330),
+        ("closs", 257),
+    ],
 )
 def test_override_matches_tf(case, rows, r):
     check(case, rows, r)
@@ -330,13 +348,13 @@ def test_sample_weight_and_batch_norm_match_tf(r):
     check("bn", 288, r)
 
 
-@pytest.mark.parametrize("case", ["basic", "gan"])
+@pytest.mark.parametrize("case", ["basic", "gan", "gan_adam"])
 def test_steps_per_execution_gives_the_answers_of_one_step(case):
     """``steps_per_execution=4``: TF's own fails there on several replicas (its README, surprise
     5), so the answer is TF's with one step an execution."""
-    if case == "gan":  # GAN.compile takes the two optimizers only
+    if case.startswith("gan"):  # GAN.compile takes the two optimizers only
         with mirrored(8).scope():
-            model = gan_model()
+            model = gan_model(adam=case == "gan_adam")
         model.steps_per_execution = 4
         model.fit(REAL[:330], Z[:330], batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
         got = {"weights": model.get_weights()}
@@ -380,3 +398,52 @@ def test_predict_step_override_runs_on_every_replica_rows():
         model = dense_stack(Doubles)
     got = model.predict(X[:250], batch_size=BATCH, verbose=0)
     np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+
+
+OUTSIDE = {}
+
+
+class OptimizerOutside(GAN):
+    """The generator's optimizer is not held by the model (a property over a module's dict):
+    fit could not keep its state."""
+
+    @property
+    def g_optimizer(self):
+        return OUTSIDE["g"]
+
+    @g_optimizer.setter
+    def g_optimizer(self, value):
+        OUTSIDE["g"] = value
+
+
+def test_an_optimizer_the_model_does_not_hold_is_an_error_before_any_work():
+    with mirrored(2).scope():
+        model = gan_model(adam=True)
+        outside = OptimizerOutside(model.discriminator, model.generator)
+        outside.compile(keras.optimizers.Adam(0.01), keras.optimizers.Adam(0.02))
+    before = outside.get_weights()
+    with pytest.raises(ValueError, match="neither model.optimizer nor a built optimizer"):
+        outside.fit(REAL[:96], Z[:96], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    for b, a in zip(before, outside.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("r", [1, 2], ids=lambda r: f"r{r}")
+def test_the_second_optimizer_is_read_afresh_and_written_back(r):
+    """Its variables are the step's inputs, not constants of its trace: a learning rate the
+    host set to 0 stops the generator; its step count goes on from where fit left it."""
+    with mirrored(r).scope():
+        model = gan_model(adam=True)
+    fit = dict(batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    model.fit(REAL[:96], Z[:96], **fit)  # two steps
+    assert int(model.g_optimizer.iterations.value) == 2
+    model.g_optimizer.learning_rate.assign(0.0)
+    g_before = [np.asarray(w) for w in model.generator.get_weights()]
+    d_before = [np.asarray(w) for w in model.discriminator.get_weights()]
+    model.fit(REAL[:96], Z[:96], **fit)
+    assert int(model.g_optimizer.iterations.value) == 4
+    for b, a in zip(g_before, model.generator.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert any(
+        not np.array_equal(a, b) for a, b in zip(d_before, model.discriminator.get_weights())
+    )
