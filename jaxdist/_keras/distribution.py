@@ -52,6 +52,10 @@ _OWNER: dict[int, Any] = {}
 """``id(variable)`` -> the strategy whose scope created it (held as long as the variable lives,
 as a TF model holds its ``distribute_strategy``)."""
 
+_CREATED_IN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""model -> the strategy whose scope was active when the model was created (TF's
+``model.distribute_strategy``): its ``fit`` outside the scope enters that scope, as TF's does."""
+
 _DISTRIBUTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _PATCHED: dict[str, Any] = {}
 
@@ -204,6 +208,8 @@ def _install() -> None:
         return
     _keras_syncbn.install()
     _keras_variables.install()
+    _PATCHED["__init__"] = keras.Model.__init__
+    keras.Model.__init__ = _remembering_its_scope(keras.Model.__init__)
     for kind in ("train", "test", "predict"):
         name = f"make_{kind}_function"
         _PATCHED[name] = original = getattr(keras.Model, name)
@@ -304,22 +310,54 @@ class DistributedDatasetAdapter(DataAdapter):
         return None
 
 
+def _remembering_its_scope(original: Any) -> Any:
+    """``keras.Model.__init__`` that records the strategy whose scope is active (`_CREATED_IN`)."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        strategy = _context.current().strategy
+        if strategy is not None:
+            _CREATED_IN[self] = strategy
+
+    __init__.__doc__ = original.__doc__
+    return __init__
+
+
+@contextlib.contextmanager
+def _in_its_scope(model: Any) -> Iterator[None]:
+    """The scope of the strategy ``model`` was created in, when no strategy is active: its
+    variables not built yet (a subclassed model built by its first ``fit``) are built there
+    and are the strategy's, as in TF, where ``fit`` enters ``model.distribute_strategy``."""
+    strategy = _CREATED_IN.get(model)
+    if strategy is None or _context.current().strategy is not None:
+        yield
+        return
+    with strategy.scope():
+        yield
+
+
 def _accepting_distributed_datasets(original: Any) -> Any:
     def method(self: Any, x: Any = None, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(x, DistributedDataset):
-            strategy = strategy_of(self)
-            if strategy is None:
-                raise ValueError(
-                    f"x is a jaxdist distributed dataset, but {type(self).__name__} "
-                    f"{self.name!r} was not built in a strategy's scope(): build it in the "
-                    "scope of the strategy that distributed the dataset."
-                )
-            x = DistributedDatasetAdapter(x, strategy)
-        return original(self, x, *args, **kwargs)
+        with _in_its_scope(self):
+            return _fit_like(self, original, x, *args, **kwargs)
 
     method.__name__ = original.__name__
     method.__doc__ = original.__doc__
     return method
+
+
+def _fit_like(self: Any, original: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fit``/``evaluate``/``predict`` taking a jaxdist distributed dataset as ``x``."""
+    if isinstance(x, DistributedDataset):
+        strategy = strategy_of(self)
+        if strategy is None:
+            raise ValueError(
+                f"x is a jaxdist distributed dataset, but {type(self).__name__} "
+                f"{self.name!r} was not built in a strategy's scope(): build it in the "
+                "scope of the strategy that distributed the dataset."
+            )
+        x = DistributedDatasetAdapter(x, strategy)
+    return original(self, x, *args, **kwargs)
 
 
 def _on_batch(original: Any) -> Any:

@@ -2,6 +2,7 @@
 tf.distribute.MirroredStrategy (tests/tf_oracle/keras: the recorded answers and the script that
 recorded them; scenarios in its README)."""
 
+import contextlib
 import json
 import os
 import pathlib
@@ -668,3 +669,46 @@ def test_saving_inside_the_scope_creates_nothing_the_strategy_owns(tmp_path, n):
         assert keras.distribution.distribution() is before
     plain = keras.models.load_model(tmp_path / "m.keras")
     close(plain.predict(X[:8], verbose=0), model.predict(X[:8], verbose=0), TOL, "loaded")
+
+
+class _BuiltByItsFirstCall(keras.Model):
+    """A subclassed model with no Input: its variables exist only after its first call."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(4, activation="relu")
+        self.norm = keras.layers.BatchNormalization()
+        self.out = keras.layers.Dense(1)
+
+    def call(self, x, training=False):
+        return self.out(self.norm(self.hidden(x), training=training))
+
+
+def _first_built_by_fit(strategy, where):
+    """Created and compiled in ``strategy``'s scope (None: no strategy), first called by
+    ``fit`` inside the scope or outside it."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 3)).astype("float32")
+    y = x[:, :1] - 0.5 * x[:, 1:2]
+    keras.utils.set_random_seed(1)
+    scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
+    with scope:
+        model = _BuiltByItsFirstCall()
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        if where == "inside":
+            model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    if where != "inside":
+        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    return model.get_weights()
+
+
+@pytest.mark.parametrize("r", [2, 8], ids=lambda r: f"r{r}")
+def test_a_subclassed_model_first_built_by_fit_outside_the_scope_trains_on_its_strategy(r):
+    """TF's fit enters the scope of the strategy a model was created in: built there, it
+    trains as inside the scope (each replica's batch-norm statistics), not as plain Keras."""
+    outside = _first_built_by_fit(mirrored(r), "outside")
+    inside = _first_built_by_fit(mirrored(r), "inside")
+    plain = _first_built_by_fit(None, "outside")
+    for a, b in zip(outside, inside):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(outside, plain)) > 1e-4
