@@ -185,3 +185,14 @@ def test_training_loops_continues_the_15_line_example():
     readme = step_of((ROOT / "README.md").read_text())
     assert len(readme) == 4, readme
     assert step_of((DOCS / "guides" / "training-loops.md").read_text()) == readme
+
+
+def test_each_api_page_says_how_to_read_it_unbuilt():
+    """In the repository an API page is a mkdocstrings directive (``::: jaxdist``); each says
+    where its text is without building the site."""
+    for page in sorted((DOCS / "api").glob("*.md")):
+        if page.name == "index.md":
+            continue
+        text = page.read_text()
+        module = re.search(r"^::: ([\w.]+)$", text, re.M)[1]
+        assert f"python -m pydoc {module}" in text and "make docs" in text, page.name
