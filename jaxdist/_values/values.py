@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -129,6 +129,19 @@ class DistributedValues:
         if self._layout in (PADDED, SHAPED):
             return padded_rows(self._data, self._lengths or ())
         return shard_rows(self._data)
+
+    def __iter__(self) -> Iterator[Any]:
+        """Not iterable, as TF's distributed values are not; the error names what a loop over
+        one (or ``tf.nest`` over a structure of them) becomes."""
+        name = type(self).__name__
+        raise TypeError(
+            f"'{name}' object is not iterable (nor is TF's). Each replica's value: "
+            "strategy.experimental_local_results(v) (a tuple); all of them in one array: "
+            "strategy.gather(v, axis=0). Mapping over a structure that holds distributed values "
+            "(tf.nest.map_structure) treats them as leaves: jax.tree.map(f, tree, is_leaf="
+            "lambda v: isinstance(v, jd.DistributedValues)); without is_leaf, jax.tree.map maps "
+            f"inside each {name}."
+        )
 
     def __repr__(self) -> str:
         try:

@@ -159,3 +159,22 @@ def test_tuple_built_per_replica_is_stacked_once(strategy):
     expected = [2.0 * r for r in range(n)]
     for out in (first, second):
         assert [float(x) for x in strategy.experimental_local_results(out)] == expected
+
+
+@pytest.mark.parametrize("kind", ["PerReplica", "Mirrored"])
+def test_a_distributed_value_is_not_iterable_and_says_what_to_use(kind):
+    """TF 2.21: ``list(per_replica)`` is "TypeError: 'PerReplica' object is not iterable" and
+    ``tf.nest`` treats a distributed value as a leaf; the message names the spellings."""
+    s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    parts = (jnp.zeros(2), jnp.ones(2)) if kind == "PerReplica" else (jnp.ones(2), jnp.ones(2))
+    value = getattr(jd, kind)(parts)
+    with pytest.raises(TypeError, match=f"'{kind}' object is not iterable") as e:
+        list(value)
+    for fix in ("experimental_local_results", "strategy.gather", "is_leaf="):
+        assert fix in str(e.value)
+    leaves = jax.tree.map(
+        s.experimental_local_results,
+        {"a": value},
+        is_leaf=lambda v: isinstance(v, jd.DistributedValues),
+    )
+    assert isinstance(leaves["a"], tuple)
