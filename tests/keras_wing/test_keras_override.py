@@ -447,3 +447,25 @@ def test_the_second_optimizer_is_read_afresh_and_written_back(r):
     assert any(
         not np.array_equal(a, b) for a, b in zip(d_before, model.discriminator.get_weights())
     )
+
+
+@pytest.mark.parametrize("case", ["basic", "lower", "sw", "gan"])
+def test_keras_data_parallel_is_a_second_reference_on_full_batches(case):
+    """Keras 3's own ``DataParallel`` (JAX backend, 8 devices, one global view of the step)
+    as a second reference where it runs: full batches (it cannot split a last batch of 10, 17
+    or 42 rows over 8 devices). Same weights; the losses the step tracks are TF's, scaled by
+    ``1 / replicas`` (docs/guides/keras.md), its other metrics the same."""
+    rows = 288
+    x, y = (REAL[:rows], Z[:rows]) if case == "gan" else (X[:rows], Y[:rows])
+    fit_kw = {"sample_weight": SW[:rows]} if case == "sw" else {}
+    with keras.distribution.DataParallel(devices=jax.devices()[:8]).scope():
+        model = make(case)
+        hist = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, **fit_kw)
+        want_weights, want_history = model.get_weights(), hist.history
+    got = run(mirrored(8), case, rows)
+    for i, (g, w) in enumerate(zip(got["weights"], want_weights)):
+        np.testing.assert_allclose(g, np.asarray(w), atol=TOL, rtol=0, err_msg=f"weight {i}")
+    assert set(got["history"]) == set(want_history)
+    for key, values in want_history.items():
+        scale = 1 / 8 if "loss" in key else 1
+        np.testing.assert_allclose(got["history"][key], np.asarray(values) * scale, atol=TOL)
