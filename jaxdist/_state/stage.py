@@ -95,6 +95,7 @@ class Staged(Calls):
         # the Python values read before the trace: a step that changes one (``self.n +=
         # 1``) makes the number an input of the program (`jaxdist._state.promote`)
         watched = _watch.watch(fn)
+        _retrace_jitted_helpers(watched)
         first = _promote.promoted(fn) if numbers else ()
         before = {id(a): a for a in jax.live_arrays()}  # kept: no id is reused meanwhile
         self._whole = writes  # (a jd.function reads distributed values whole, as TF does)
@@ -124,6 +125,7 @@ class Staged(Calls):
         meshed = _meshed(closed.consts) if replica is not None else []
         swaps, unfound_nested = self._nested(fn, closed, before, meshed)
         if swaps:  # arrays read inside nested jaxprs: traced again with tracers there
+            _retrace_jitted_helpers(watched)  # (a helper's cached jaxpr holds them as constants)
             try:
                 closed, numbers_used = self._trace(
                     fn, body, examples, axis_env, numbers_used, rows + swaps
@@ -324,6 +326,20 @@ class Staged(Calls):
             ],
             "checked": [_checks.shown(fn, w) for w in self._watched],
         }
+
+
+def _retrace_jitted_helpers(watched: Sequence) -> None:
+    """The jitted functions the step reaches (``@jax.jit`` helpers) forget their traces: JAX
+    keeps a helper's jaxpr per argument types, with the arrays it read from globals then as
+    constants, so a helper traced before a global was rebound would bring the old array into
+    this trace (where no place of the state holds it: a stale constant). Traced again here,
+    it reads the state as it is, and the arrays it reads become the step's inputs."""
+    for _, value, how in watched:
+        if how == "weak":  # (functions and callables are watched by a weak reference)
+            value = value()
+        kind = type(value)
+        if kind.__module__.startswith("jaxlib") and callable(getattr(kind, "clear_cache", None)):
+            value.clear_cache()
 
 
 def _meshed(consts: list) -> list:

@@ -816,3 +816,38 @@ def test_a_generator_in_the_state_is_not_walked(strategy):
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         assert first(strategy, strategy.run(step)) == 1.0
+
+
+_HELPER_SCALE = jnp.ones(2)
+
+
+@jax.jit
+def _scaled_by_a_global(x):
+    return x * _HELPER_SCALE
+
+
+def test_a_jitted_helper_reading_a_rebound_global_reads_it_now(strategy):
+    """A module-level ``@jax.jit`` helper reading a global array, called from the step: JAX
+    keeps the helper's jaxpr with the array it read then as a constant, so the step kept the
+    first value after the global was rebound (silently, eager and under jd.function)."""
+    global _HELPER_SCALE
+
+    def step(x):
+        return _scaled_by_a_global(x)
+
+    compiled = jd.function(lambda: strategy.run(step, args=(jnp.ones(2),)))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing left a constant, nothing to warn of
+            for value in (1.0, 5.0, 7.0):
+                _HELPER_SCALE = jnp.asarray(np.full(2, value, np.float32))
+                eager = strategy.run(step, args=(jnp.ones(2),))
+                for out in (eager, compiled()):
+                    for v in strategy.experimental_local_results(out):
+                        np.testing.assert_array_equal(v, [value, value])
+        assert jd.experimental.step_count(step) == 1  # the rebound global is an input
+        _HELPER_SCALE = jnp.full(2, 9.0)  # weakly typed: traced again, and read
+        out = strategy.run(step, args=(jnp.ones(2),))
+        np.testing.assert_array_equal(strategy.experimental_local_results(out)[0], [9.0, 9.0])
+    finally:
+        _HELPER_SCALE = jnp.ones(2)
