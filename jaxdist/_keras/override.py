@@ -25,6 +25,7 @@ every replica with TF's meaning (``tf.distribute.MirroredStrategy``'s ``fit`` ru
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -90,7 +91,10 @@ def replica_step(
     extra, state = (list(state[-1]), tuple(state[:-1])) if others else ([], state)
     carried = [model.optimizer, *others] if kind == "train" else None
     mapping = list(zip(optimizer_variables(others), extra))
-    with tf_meaning(ctx, empty, carried) as trace, keras.StatelessScope(mapping) as scope:
+    # the scope only where there are such optimizers: an empty one would keep (and drop) any
+    # other assignment the step makes, where Keras' own JAX step leaves it to fail loudly
+    reading = keras.StatelessScope(mapping) if others else contextlib.nullcontext()
+    with tf_meaning(ctx, empty, carried) as trace, reading as scope:
         out, new = getattr(model, f"{kind}_step")(state, data)
     if others:
         extra = _others_after(others, trace, scope)
