@@ -176,7 +176,7 @@ def _users_class(cls: type) -> bool:
         return _USERS[cls]
     except (KeyError, TypeError):
         pass
-    found = cls.__module__ != "builtins" and _names.users_class(cls)
+    found = not _names.builtin_class(cls) and _names.users_class(cls)
     try:
         _USERS[cls] = found
     except TypeError:  # not weakly referenceable
@@ -204,7 +204,7 @@ def _class_level(obj: Any, own: dict) -> Iterator[tuple[tuple, Any]]:
 
 def _class_data(cls: type, own: dict | None = None) -> Iterator[tuple[tuple, Any]]:
     """A class's data attributes (not methods, properties or other descriptors)."""
-    if cls.__module__ == "builtins":
+    if _names.builtin_class(cls):
         return
     for k, a in list(cls.__dict__.items()):
         if (own and k in own) or k.startswith("__") or hasattr(type(a), "__get__"):
@@ -366,6 +366,11 @@ def is_named(chain: Chain, named: set[str]) -> bool:
         if name is not None and name not in named and not (by_tree and kind == "child"):
             return False
     return True
+
+
+def chain_names(chain: Chain) -> set[str]:
+    """The names ``chain`` reads by (`is_named`'s)."""
+    return {n for kind, k in chain if (n := _name(kind, k)) is not None}
 
 
 def _name(kind: str, key: Any) -> str | None:

@@ -155,6 +155,11 @@ _PACKAGE = os.path.dirname(os.path.abspath(sys.modules[__name__.partition(".")[0
 _STDLIB = sysconfig.get_paths()["stdlib"]
 
 
+def users_code(code: types.CodeType) -> bool:
+    """Code of the user's program (`_users`)."""
+    return _users(code.co_filename)
+
+
 def users_function(fn: types.FunctionType) -> bool:
     """A function of the user's program (`_users`)."""
     return _users(fn.__code__.co_filename)
@@ -164,9 +169,46 @@ def users_class(cls: type) -> bool:
     """A class of the user's program (`_users`), a notebook's included."""
     module = sys.modules.get(cls.__module__)
     filename = getattr(module, "__file__", None) if module is not None else None
-    if filename is None:  # ``__main__`` of a notebook or an interactive session
-        return cls.__module__ == "__main__"
-    return _users(filename)
+    if filename is not None:
+        return _users(filename)
+    if cls.__module__ == "__main__":  # a notebook's or an interactive session's
+        return True
+    function = _a_function(cls)  # made by ``exec``'d code: its module names no file
+    return function is not None and users_function(function)
+
+
+def _a_function(cls: type) -> types.FunctionType | None:
+    for value in list(vars(cls).values()):
+        if isinstance(value, (classmethod, staticmethod)):
+            value = value.__func__
+        if isinstance(value, types.FunctionType):
+            return value
+    return None
+
+
+def builtin_class(cls: type) -> bool:
+    """A class of Python's own (``int``, ``dict``): not one the program defines. A class
+    that code run by ``exec`` in a namespace without ``__name__`` made says its module is
+    "builtins" too; its Python functions tell it apart.
+
+    >>> builtin_class(dict), builtin_class(type("T", (), {"f": lambda self: 1}))
+    (True, False)
+    """
+    if cls.__module__ != "builtins":
+        return False
+    try:
+        return _BUILTIN[cls]
+    except (KeyError, TypeError):
+        pass
+    found = _a_function(cls) is None
+    try:
+        _BUILTIN[cls] = found
+    except TypeError:  # not weakly referenceable
+        pass
+    return found
+
+
+_BUILTIN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def add_held_name(value: str, chain: tuple, named: set[str], is_named: Any) -> None:
@@ -288,7 +330,7 @@ def definitions(cls: type) -> Iterator[tuple[type, str, int, Any, list[types.Fun
     count: dict[str, int] = {}
     chained: dict[str, bool] = {}  # whether the last definition met calls super()
     for klass in cls.__mro__[:-1]:
-        if klass.__module__ == "builtins":
+        if builtin_class(klass):
             continue
         for name, attr in list(vars(klass).items()):
             k = count[name] = count.get(name, -1) + 1

@@ -392,3 +392,35 @@ def test_a_string_a_jd_function_assigns_follows_python(decorated):
     assert t.mode == "eval"
     if decorated:
         assert t.train.experimental_get_tracing_count() == 2
+
+
+# -- a class made by exec'd code (its __module__ says "builtins") ---------------------------
+
+EXECED = """
+class Trainer:
+    def __init__(self):
+        self.lr = 1.0
+    def rate(self):
+        return self.lr
+    def step(self, x):
+        return x * self.rate()
+"""
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_a_class_made_by_exec_in_a_namespace_of_its_own_reads_its_state(s, how):
+    """Code run with ``exec(source, namespace)`` (a tool's or a notebook runner's namespace
+    without ``__name__``) makes classes whose ``__module__`` is "builtins": their methods are
+    the program's and are walked (before, ``self.rate()``'s ``self.lr`` kept its first value)."""
+    namespace: dict = {}
+    exec(compile(EXECED, "<generated>", "exec"), namespace)  # noqa: S102 - the route under test
+    t = namespace["Trainer"]()
+    assert type(t).__module__ == "builtins"
+    run = Runner(s, how, t.step)
+    got = []
+    for lr in (1.0, 2.0, 3.0):
+        t.lr = lr
+        got.append(run(2.0))
+    assert got == [2.0, 4.0, 6.0]
+    if how != "python":
+        assert run.traces() <= 2
