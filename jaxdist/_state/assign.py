@@ -309,6 +309,8 @@ def constant_places(before: dict[Chain, Any], now: dict[Chain, Any], skip: set, 
         kind = chain[-1][0]
         if old is value or chain in skip or kind not in _CONSTANT_PLACES:
             continue
+        if old is MISSING and kind == "getattr" and not _a_slot(now.get(chain[:-1]), chain):
+            continue  # a class's data the walk did not reach before (an object is walked once)
         if _first_changed(chain, before, now) != chain or any(
             chain[: len(p)] == p for p, _, _ in places
         ):
@@ -320,6 +322,13 @@ def constant_places(before: dict[Chain, Any], now: dict[Chain, Any], skip: set, 
 
 
 _CONSTANTS = frozenset((bool, str, type(None), bytes, np.bool_))
+
+
+def _a_slot(obj: Any, chain: Chain) -> bool:
+    descriptor = _peek.type_lookup(type(obj), chain[-1][1])
+    return isinstance(descriptor, types.MemberDescriptorType)
+
+
 _CONSTANT_PLACES = frozenset(("attr", "getattr", "global", "cell", "fattr", "item"))
 
 

@@ -86,6 +86,26 @@ def test_an_enum_member_in_state_gives_its_branch(s, run):
     assert run.traces(m.step) == 2  # one per member: each trace is kept
 
 
+def test_a_jd_function_toggling_an_enum_member_writes_it_back(s):
+    """``m.phase = Phase.EVAL if m.phase is Phase.TRAIN else Phase.TRAIN`` in a jd.function
+    that reads the Enum's class as a global: the member is written back after each call (an
+    internal error, "Phase._use_args_ is not a slot", before)."""
+    m, x = Phased(), ones_batch(s)
+
+    @jd.function
+    def toggle(x):
+        out = s.reduce("SUM", s.run(m.step, args=(x,)), axis=None)
+        m.phase = Phase.EVAL if m.phase is Phase.TRAIN else Phase.TRAIN
+        return out
+
+    expected, phase = [], Phase.TRAIN
+    for _ in range(4):
+        expected.append(s.num_replicas_in_sync * phase_rule(phase, 8.0))
+        phase = Phase.EVAL if phase is Phase.TRAIN else Phase.TRAIN
+    assert [float(toggle(x)) for _ in range(4)] == expected
+    assert m.phase is Phase.TRAIN
+
+
 # 2. a set changed in place -------------------------------------------------------------
 
 
