@@ -30,6 +30,7 @@ import numpy as np
 
 from jaxdist._state import chains as _chains
 from jaxdist._state import peek as _peek
+from jaxdist._state import ran as _ran
 from jaxdist._state.chains import Chain
 
 _MAX_CODES = 256
@@ -219,6 +220,7 @@ class Swapped:
         self._fn, self._chains, self._tracers = fn, chains, tracers
         self._saved: list = []
         self._token: Any = None
+        self._ran: Any = None
         self.written: list[tuple[int, Any]] = []
 
     def __enter__(self) -> Swapped:
@@ -227,6 +229,7 @@ class Swapped:
             self._saved.append((place, _chains.fetch(self._fn, place)))
             put(self._fn, chain, tracer)
         self._token = _ACTIVE.set(self)
+        self._ran = _ran.begin(self._fn)  # the code the trace runs (`jaxdist._state.ran`)
         return self
 
     def restart(self) -> None:
@@ -262,6 +265,7 @@ class Swapped:
             put(self._fn, self._chains[i], value)
 
     def __exit__(self, *exc: Any) -> None:
+        _ran.end(self._ran)
         _ACTIVE.reset(self._token)
         for i, (chain, tracer) in enumerate(zip(self._chains, self._tracers)):
             try:

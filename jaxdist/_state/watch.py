@@ -27,6 +27,7 @@ from jaxdist._state import capture as _capture
 from jaxdist._state import chains as _chains
 from jaxdist._state import names as _names
 from jaxdist._state import peek as _peek
+from jaxdist._state import ran as _ran
 from jaxdist._state.chains import Chain, describe
 from jaxdist._state.keys import function_key
 from jaxdist._state.promote import is_number
@@ -101,6 +102,7 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
     keys = named | _code_strings(fn)
     by_name = _names.BY_NAME in named
     out = [w for w in out if _capture.is_named(w[0], named) or (by_name and _by_name(fn, w, named))]
+    _expect_trace(fn, out, walked, named)
     out.sort(key=lambda w: (not all(k in keys for kind, k in w[0] if kind == "item"), _ORDER[w[2]]))
     _warn_opaque(fn, [c for c in opaque if _capture.is_named(c, named)])
     if limits.get("truncated"):
@@ -122,6 +124,45 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
             stacklevel=6,
         )
     return tuple(out[:_MAX_WATCHED])
+
+
+def _expect_trace(fn: Callable, out: list, walked: list, named: set[str]) -> None:
+    """Asks the trace that may follow to record the code it runs (`jaxdist._state.ran`)
+    where a watched value is reached by a name that code nested in the step's functions
+    uses (a lambda given to ``jax.debug.callback``): `settle` then drops the values that
+    only code which did not run reaches. Not where the code reads by computed names."""
+    nested: set[str] = set()
+    if _names.BY_NAME not in named:
+        for value in (fn, *(v for _, v in walked)):
+            f = value.__func__ if _peek.is_a(value, types.MethodType) else value
+            if type(f) is types.FunctionType and _names.users_function(f):
+                for c in f.__code__.co_consts:
+                    if _peek.is_a(c, types.CodeType):
+                        nested |= _ran.nested_names(c)
+    if nested and any(_reads_by(fn, chain) & nested for chain, _, _ in out):
+        _ran.expect(fn, named)
+    else:
+        _ran.forget(fn)
+
+
+def _unread(fn: Callable, watched: list) -> list:
+    """``watched`` less the values reached only by names that no code the trace ran
+    uses, where nested code that did not run does (`_expect_trace`): a list a callback
+    appends to when the program runs is not read by the trace."""
+    record = _ran.take(fn)
+    if record is None:
+        return watched
+    gone = _ran.unread(record.ran)
+    if not gone:
+        return watched
+    named = set(record.named - gone)
+    return [w for w in watched if _capture.is_named(w[0], named) and not _reads_by(fn, w[0]) & gone]
+
+
+def _reads_by(fn: Callable, chain: Chain) -> set[str]:
+    """The names ``chain`` reads by: attributes and globals, and closure variables
+    (`jaxdist._state.ran.cell_names`)."""
+    return _capture.chain_names(chain) | _ran.cell_names(fn, chain)
 
 
 def _absent(chain: Chain, value: Any, probes: set[str]) -> list[tuple[Chain, Any, str]]:
@@ -389,7 +430,9 @@ def settle(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> tuple:
     """``watched`` (recorded before the trace) less the sizes the trace changed: a list
     the step appends to (``traces.append(1)``, a log) is its output, not an input, so
     its growth does not trace it again; a number it changes (``self.calls += 1``) does,
-    as TF eager counts."""
+    as TF eager counts. Less, too, what the trace did not read: the values reached only
+    by names of code nested in the step that did not run during the trace (a callback's
+    lambda, `jaxdist._state.ran`), where the trace recorded the code it ran."""
     out = []
     for chain, value, how in watched:
         if how == "size":
@@ -399,7 +442,7 @@ def settle(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> tuple:
             except _chains.Gone:
                 continue
         out.append((chain, value, how))
-    return tuple(out)
+    return tuple(_unread(fn, out))
 
 
 def size(x: Any) -> Any:
