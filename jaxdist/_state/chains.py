@@ -120,6 +120,14 @@ def fetch(fn: Callable, chain: Chain) -> Any:
     return obj
 
 
+def describe_safely(fn: Callable, chain: Chain) -> str:
+    """`describe`, or the chain's steps where a step of it is gone now."""
+    try:
+        return describe(fn, chain)
+    except Exception:  # noqa: BLE001 - an object of the chain is gone or changed
+        return repr(chain)
+
+
 def describe(fn: Callable, chain: Chain) -> str:
     """``chain`` as Python source would read it (``self.model.params['w']``)."""
     out, obj = "", fn
@@ -142,7 +150,10 @@ def describe(fn: Callable, chain: Chain) -> str:
             out += f"[{key!r}]"
         elif kind == "child":
             out += f".{key[2]}" if key[2] else f"[{key[1]}]"
-        obj = fetch(obj, ((kind, key),)) if kind != "view" else obj
+        try:  # (a value the chain goes through may be gone now: the name is still told)
+            obj = fetch(obj, ((kind, key),)) if kind != "view" else obj
+        except Gone:
+            obj = None
     return out
 
 

@@ -50,6 +50,8 @@ def what_changed(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> s
             return f"{where} is now a {type(now).__name__}, not a {value.__name__}"
         if how == "absent":
             return f"{where}.{value} was set (it was absent when traced)"
+        if how == "noglobal":
+            return f"the global {value} was defined (it was absent when traced)"
         return f"{where} is another object"
     return "a value it read changed"
 
@@ -82,6 +84,8 @@ def shown(fn: Callable, watched: tuple[Chain, Any, str]) -> str:
         return f"{where} == {_set(value)}"
     if how == "absent":
         return f"not hasattr({where}, {value!r})"
+    if how == "noglobal":
+        return f"{value!r} not in globals"
     return f"{where} == {value!r}"
 
 

@@ -102,6 +102,7 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
     keys = named | _code_strings(fn)
     by_name = _names.BY_NAME in named
     out = [w for w in out if _capture.is_named(w[0], named) or (by_name and _by_name(fn, w, named))]
+    out += _absent_globals(fn, walked)
     _expect_trace(fn, out, walked, named)
     out.sort(key=lambda w: (not all(k in keys for kind, k in w[0] if kind == "item"), _ORDER[w[2]]))
     _warn_opaque(fn, [c for c in opaque if _capture.is_named(c, named)])
@@ -163,6 +164,20 @@ def _reads_by(fn: Callable, chain: Chain) -> set[str]:
     """The names ``chain`` reads by: attributes and globals, and closure variables
     (`jaxdist._state.ran.cell_names`)."""
     return _capture.chain_names(chain) | _ran.cell_names(fn, chain)
+
+
+def _absent_globals(fn: Callable, walked: list) -> list[tuple[Chain, Any, str]]:
+    """The globals the program's functions load that are not there now (``try: v = LR
+    except NameError: ...``, ``globals().get``'s counterpart): defined later, the trace that
+    found them absent does not fit."""
+    out = []
+    for chain, f in [((), fn), *walked]:
+        if type(f) is types.FunctionType and _names.users_function(f):
+            scope, builtin = f.__globals__, f.__builtins__
+            for name in sorted(_names.global_names(f.__code__)):
+                if name not in scope and name not in builtin:
+                    out.append((chain, name, "noglobal"))
+    return out
 
 
 def _absent(chain: Chain, value: Any, probes: set[str]) -> list[tuple[Chain, Any, str]]:
@@ -290,6 +305,7 @@ _ORDER = {
     "member": 0,
     "set": 0,
     "absent": 0,
+    "noglobal": 0,
     "size": 1,
     "ident": 2,
     "weak": 2,
@@ -333,6 +349,10 @@ class Checker:
 def differs(now: Any, value: Any, how: str) -> bool:
     """Whether ``now`` is no longer what `watch` recorded as ``value`` (compared ``how``)."""
     return _DIFFERS.get(how, _differs_value)(now, value)
+
+
+def _differs_noglobal(now: Any, name: str) -> bool:
+    return name in getattr(now, "__globals__", {})
 
 
 def _differs_absent(now: Any, name: str) -> bool:
@@ -391,6 +411,7 @@ _DIFFERS: dict[str, Callable[[Any, Any], bool]] = {
     "set": _differs_set,
     "value": _differs_value,
     "absent": _differs_absent,
+    "noglobal": _differs_noglobal,
 }
 # the compiled check of each kind (`Checker`): ``{o}`` the value now, ``r{i}`` the one
 # recorded, ``d{i}`` its kind's comparison; a built-in list's, dict's or tuple's size read
@@ -404,6 +425,7 @@ _TESTS = {
     "code": "d{i}({o}, r{i})",
     "tree": "d{i}({o}, r{i})",
     "absent": "d{i}({o}, r{i})",
+    "noglobal": "d{i}({o}, r{i})",
     "member": "{o} is not r{i}",
     "set": "type({o}) is not r{i}[0] or SETNE(r{i}[1], {o})",
 }

@@ -424,3 +424,33 @@ def test_a_class_made_by_exec_in_a_namespace_of_its_own_reads_its_state(s, how):
     assert got == [2.0, 4.0, 6.0]
     if how != "python":
         assert run.traces() <= 2
+
+
+# -- a global absent when traced, defined later ----------------------------------------------
+
+
+def _scale_if_defined(x):
+    try:
+        scale = LATER  # noqa: F821 - absent until the test defines it
+    except NameError:
+        scale = 1.0
+    return x * scale
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_a_global_absent_when_traced_and_defined_later_is_read(s, how):
+    """``try: v = LATER except NameError`` (or ``globals().get``'s shape): a trace that found
+    the global absent does not fit once it is defined, nor after it is deleted again."""
+    run = Runner(s, how, _scale_if_defined)
+    got = [run(2.0)]
+    _set("LATER", 3.0)
+    try:
+        got.append(run(2.0))
+        _set("LATER", 4.0)
+        got.append(run(2.0))
+    finally:
+        del globals()["LATER"]
+    got.append(run(2.0))
+    assert got == [2.0, 6.0, 8.0, 2.0]
+    if how == "function":  # (an eager step of module code counts every strategy's traces)
+        assert run.traces() <= 3
