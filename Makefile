@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-latest sweep lint bench bench-tf conformance docs docs-serve wheel-smoke clean
+.PHONY: demo test test-checked test-fast test-latest sweep lint bench bench-tf conformance docs docs-serve wheel-smoke clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,15 @@ test: $(STAMP)
 	$(PY) -m mypy jaxdist
 	JAXDIST_REQUIRE_DEV=1 $(PY) -m pytest -q $(PARALLEL) -m "not multiworker"
 	JAXDIST_REQUIRE_DEV=1 $(PY) -m pytest -q -m multiworker
+
+# The state and jd.function tests again under the state check mode (JAXDIST_CHECK_STATE=1: every
+# call of a compiled step is traced again and compared with the cached program), so that a route the
+# state tracking misses fails a test even where the test's own expected value is wrong. CI runs it.
+CHECKED_TESTS := tests/state/test_state_*.py tests/state/test_captured_state.py \
+	tests/state/test_replica_state.py tests/state/test_function_routes.py tests/state/test_recheck.py \
+	tests/run/test_function.py tests/run/test_function_outputs.py
+test-checked: $(STAMP)
+	JAXDIST_CHECK_STATE=1 JAXDIST_REQUIRE_DEV=1 $(PY) -m pytest -q $(PARALLEL) $(CHECKED_TESTS)
 
 # The inner loop while editing: ruff and the suite without its slow tier (tests marked `slow` by
 # tests/conftest.py: several processes, notebooks, docs examples, the sweeps, the slowest files).

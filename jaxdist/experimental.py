@@ -17,6 +17,9 @@ from jaxdist._base.options import CommunicationOptions as CommunicationOptions
 from jaxdist._cluster.host import tune_host_malloc as tune_host_malloc
 from jaxdist._program.compile import step_count as step_count
 from jaxdist._program.explain import explain as explain
+from jaxdist._state.recheck import StateCheckError as StateCheckError
+from jaxdist._state.recheck import set_state_checks as set_state_checks
+from jaxdist._state.recheck import state_checks as state_checks
 from jaxdist._strategy.multi_worker import (
     MultiWorkerMirroredStrategy as MultiWorkerMirroredStrategy,
 )
@@ -26,11 +29,14 @@ __all__ = [
     "CommunicationImplementation",
     "CommunicationOptions",
     "MultiWorkerMirroredStrategy",
+    "StateCheckError",
     "ValueContext",
     "cpu_threads",
     "explain",
     "get_max_steps_in_flight",
     "set_max_steps_in_flight",
+    "set_state_checks",
+    "state_checks",
     "step_count",
     "tune_host_malloc",
 ]

@@ -72,6 +72,22 @@ def _no_leaked_strategy():
     assert not jd.has_strategy(), "a test left a strategy current"
 
 
+@pytest.fixture(autouse=True)
+def _state_checks_off_where_marked(request):
+    """A test marked ``unchecked`` runs with the state check mode off (``make test-checked``
+    turns it on): thousands of calls of one step would each be a trace, and a count of the
+    traces a step's own Python keeps (``TRACES.append(1)``) counts the check's too."""
+    if request.node.get_closest_marker("unchecked") is None:
+        yield
+        return
+    before = jd.experimental.state_checks()
+    jd.experimental.set_state_checks(False)
+    try:
+        yield
+    finally:
+        jd.experimental.set_state_checks(before)
+
+
 def require(module: str):
     """Imports a dev dependency (pyproject's ``dev`` extra) for a test module: a missing one
     fails the module under ``make test`` (it sets ``JAXDIST_REQUIRE_DEV=1``, having installed

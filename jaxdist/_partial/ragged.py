@@ -14,6 +14,7 @@ here (there is no mapped axis).
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -254,7 +255,7 @@ def _run_compiled(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, inp
 
     to_first = functools.partial(jax.device_put, device=replicas.first_device)
     (program, info, staged), extra = _compile.steps.get(
-        fn, key, build, lambda entry: entry[2].inputs(fn, to_first)
+        fn, key, build, lambda entry: entry[2].inputs(fn, to_first), operator.itemgetter(2)
     )
     first = [replicas.first_device] * len(arrays)
     host = [_host_view(flat[i], replicas) for i in arrays]

@@ -31,6 +31,7 @@ from jaxdist._base.devices import AXIS, Replicas
 from jaxdist._base.layout import globalize
 from jaxdist._base.validate import describe
 from jaxdist._state import checks as _checks
+from jaxdist._state import recheck as _recheck
 
 # -- pmap ---------------------------------------------------------------------------------
 
@@ -208,16 +209,21 @@ class StepCache:
         key: Hashable,
         build: Callable[[], Any],
         inputs: Callable[[Any], list | None] | None = None,
+        staged: Callable[[Any], Any] | None = None,
     ) -> tuple[Any, list]:
         """The compiled step of ``fn`` for ``key`` (built and kept if missing), and its
         per-call inputs ``inputs(entry)``; an entry for which that is None (the state
-        it was traced with has changed) is passed over and a new one is built."""
+        it was traced with has changed) is passed over and a new one is built.
+        ``staged(entry)`` is an entry's `jaxdist._state.stage.Staged`: under the check
+        mode (`jaxdist._state.recheck`) a found entry is compared with a new trace."""
         owner, sub = _owner(fn)
         try:  # the hot path: no lock, no new weak reference
             variants = (self._lookup(owner) or _NONE)[(sub, key)]
         except (KeyError, TypeError):
             variants = ()
         found = self._find(variants, inputs)
+        if found is not None and staged is not None and _recheck.state_checks():
+            found = _checked(fn, found[0], build, inputs, staged)
         if found is not None:
             return found
         with self._lock:
@@ -275,6 +281,20 @@ class StepCache:
             if type(owner) is CodeKey:  # the traces this function object made
                 return self._builds.get(fn, 0)
             return self._count(self._lookup(owner) or {}, sub)
+
+
+def _checked(fn: Callable, entry: Any, build: Callable, inputs: Any, staged: Callable) -> Any:
+    """The check mode's call of a found ``entry``: the step traced again (its warnings
+    said already), compared with the entry's trace, then the entry's inputs read again
+    (None: the trace changed the state it reads; the caller builds anew)."""
+    cached = staged(entry)
+    cached.unread(fn)  # the numbers the read stored put back: the trace sees the call's
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fresh = staged(build())
+    _recheck.check(fn, cached.record(fn), fresh.record(fn))
+    extra = inputs(entry) if inputs is not None else []
+    return None if extra is None else (entry, extra)
 
 
 _NONE: dict = {}

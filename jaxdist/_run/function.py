@@ -264,7 +264,9 @@ class Function:
         full = ("jd.function", treedef, tuple(key), self.donate_state)
         how = (tuple(kinds), statics, dyn, call, self.donate_state)
         build = lambda: _Program(fn, treedef, *how)  # noqa: E731
-        entry, extra = _compile.steps.get(fn, full, build, lambda e: e.inputs(fn, call))
+        entry, extra = _compile.steps.get(
+            fn, full, build, lambda e: e.inputs(fn, call), lambda e: e.staged
+        )
         outs = entry.program(*dyn, *extra)
         entry.staged.write_back(fn, outs)
         return entry.result(fn, outs)

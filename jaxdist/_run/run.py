@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import operator
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
@@ -53,6 +54,7 @@ from jaxdist._partial import ragged as _ragged
 from jaxdist._program import compile as _compile
 from jaxdist._program import one_replica as _one_replica
 from jaxdist._state import promote as _promote
+from jaxdist._state import recheck as _recheck
 from jaxdist._state import replica as _replica
 from jaxdist._state import varying as _varying
 from jaxdist._state.frozen import warn_frozen
@@ -321,7 +323,8 @@ def _run_eager(strategy, replicas, cdo, fn, how: tuple, arrays: list, stacked: t
 
     place = None if replicas.multi_process else replicas.replicate
     rows = None if direct else functools.partial(_state_rows, replicas)
-    entry, extra = _compile.steps.get(fn, key, build, lambda e: e[2].inputs(fn, place, rows))
+    inputs = lambda e: e[2].inputs(fn, place, rows)  # noqa: E731
+    entry, extra = _compile.steps.get(fn, key, build, inputs, operator.itemgetter(2))
     program, info, staged = entry
     state = lambda x: staged.output(fn, x)  # noqa: E731
     if not direct:
@@ -332,7 +335,7 @@ def _run_eager(strategy, replicas, cdo, fn, how: tuple, arrays: list, stacked: t
     # no collective in the program: nothing to bound in flight (see `jaxdist._base.inflight`)
     outs = program((*stacked, *[r or None for r in staged.input_rows]), *arrays, *extra)
     staged.write_back(fn, outs)
-    if replay is not None and not any(staged.input_rows):
+    if replay is not None and not any(staged.input_rows) and not _recheck.state_checks():
         static_at = tuple(i for i, k in enumerate(sig[1]) if k == STATIC)
         plan = (program, staged, place, _replayed_outputs(info, staged))
         _PLANS.put(fn, _one_replica.Plan((strategy, cdo), *replay, static_at, *plan))

@@ -41,6 +41,7 @@ from jaxdist._state import chains as _chains
 from jaxdist._state import checks as _checks
 from jaxdist._state import promote as _promote
 from jaxdist._state import reads as _reads
+from jaxdist._state import recheck as _recheck
 from jaxdist._state import replica as _replica
 from jaxdist._state import watch as _watch
 from jaxdist._state.calls import Calls, is_concrete_array
@@ -148,7 +149,7 @@ class Staged(Calls):
         if where is not None:
             raise _reads.stored_tracer(fn, where)
         self._lift(fn, closed, outputs, before, unfound_nested)
-        self._jaxpr = closed.jaxpr
+        self._outputs, self._jaxpr = outputs, closed.jaxpr
         chains = [*self._numbers, *(c for c, *_ in self._swaps), *(c for _, c, *_ in self._lifted)]
         self._fetcher = _chains.Fetcher(chains)
         self._array_checks = [*self._swaps, *((c, s, d) for _, c, s, d in self._lifted)]
@@ -325,6 +326,21 @@ class Staged(Calls):
                 for i, _ in self._written
             ],
             "checked": [_checks.shown(fn, w) for w in self._watched],
+        }
+
+    def record(self, fn: Callable) -> dict:
+        """What this trace computes with, for the check mode (`jaxdist._state.recheck`):
+        the places of the state it reads and writes, its constants, its untraced outputs
+        (those not read from the state again) and its program's text."""
+        name = functools.partial(_chains.describe_safely, fn)
+        lifted = [c for _, c, *_ in self._lifted]
+        program, constants = _recheck.program_form(self._jaxpr, self._consts)
+        return {
+            "reads": [name(c) for c in [*self._numbers, *(c for c, *_ in self._swaps), *lifted]],
+            "writes": [name(c) for c, *_ in self._assigned],
+            "constants": constants,
+            "returned": [x for x in self._outputs() if id(x) not in self._outs],
+            "program": program,
         }
 
 

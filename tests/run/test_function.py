@@ -224,6 +224,7 @@ def test_a_keras_stateless_call_trainer(n):
 TRACES: list = []
 
 
+@pytest.mark.unchecked
 def test_orbits_per_call_train_fn_compiles_once_and_memory_stays_flat():
     """Model Garden's orbit trainer: ``train_fn`` defined inside each ``train_step``, the
     step a lambda over it: the same code over the same captures is the same step."""

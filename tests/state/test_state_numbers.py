@@ -131,6 +131,7 @@ def _rss_mb():
         return int(f.read().split()[1]) * 4096 / 2**20
 
 
+@pytest.mark.unchecked
 def test_ten_thousand_calls_with_changing_numbers_keep_memory_flat():
     """A counter, a schedule and a step defined inside each call: 10,000 calls, +20 MB at
     most (each compile kept 1.6-6 MB before)."""

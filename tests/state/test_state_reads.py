@@ -108,6 +108,7 @@ def _rss_mb():
         return int(f.read().split()[1]) * 4096 / 2**20
 
 
+@pytest.mark.unchecked
 def test_a_step_defined_inside_each_call_reuses_its_program(strat):
     """``def train_fn`` inside ``train_step`` (a new function each call, same code and same
     captured trainer): one trace for every call, and memory flat (it compiled every call,

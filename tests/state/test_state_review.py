@@ -164,6 +164,7 @@ class Counting:
         return total(x)
 
 
+@pytest.mark.unchecked
 def test_two_threads_counting_lose_no_count(strat):
     t, x = Counting(), ones_batch(strat)
     run_local(strat, t.step, x)  # traced once, before the threads start
@@ -342,6 +343,7 @@ class Fresh:
         return total(x) * self.w[0]
 
 
+@pytest.mark.unchecked
 def test_many_calls_with_new_state_each_keep_memory_flat(strat):
     t, x = Fresh(), ones_batch(strat)
     for _ in range(20):
