@@ -97,6 +97,7 @@ def replica_step(
     with tf_meaning(ctx, empty, carried) as trace, reading as scope:
         out, new = getattr(model, f"{kind}_step")(state, data)
     if others:
+        _refuse_dropped(model, kind, scope, mapping)
         extra = _others_after(others, trace, scope)
     if kind == "predict":
         new = (state[0], _kept(state[1], new, empty))
@@ -109,6 +110,24 @@ def replica_step(
     new[1] = _aggregated(ctx, layout, _kept(state[1], new[1], empty))
     new_state = (*new, extra) if others else tuple(new)
     return _mean_logs(ctx, out), new_state, layout.own_copies(new_state)
+
+
+def _refuse_dropped(model: Any, kind: str, scope: Any, mapping: list) -> None:
+    """Raises where the step assigned a variable other than a second optimizer's inside the
+    scope that reads those (``self.some_variable.assign(...)``): the scope keeps the value,
+    and nothing would write it back (TF assigns it; Keras' own JAX step fails on it)."""
+    ours = {id(v) for v, _ in mapping}
+    others = [k for k in scope.state_mapping if k not in ours]
+    if not others:
+        return
+    known = {id(v): v for v in model.variables}
+    names = [_names([known[k]])[0] if k in known else "a variable" for k in others]
+    raise ValueError(
+        f"The model's own {kind}_step assigned {', '.join(names)} (`.assign`) while a second "
+        "optimizer's variables are read for it: the assignment would be dropped. Return the "
+        "new value in the step's state (Keras' stateless step), or update it through an "
+        "optimizer."
+    )
 
 
 def _others_after(others: Sequence, trace: ReplicaTrace, scope: Any) -> list:

@@ -416,6 +416,30 @@ def test_an_optimizer_the_model_does_not_hold_is_an_error_before_any_work():
         np.testing.assert_array_equal(a, b)
 
 
+FLAGS: dict = {}  # a Keras variable the model does not hold
+
+
+class FlaggingGAN(GAN):
+    """A GAN whose step also assigns another variable (``.assign``, stateful: Keras has
+    emptied variables during ``fit``, so a constant)."""
+
+    def train_step(self, state, data):
+        FLAGS["seen"].assign(1.0)
+        return super().train_step(state, data)
+
+
+def test_an_assignment_the_scope_of_a_second_optimizer_would_drop_is_an_error():
+    """With a second optimizer its variables are read through a `keras.StatelessScope`; any
+    other ``.assign`` in the step would be kept by that scope and dropped: an error naming it."""
+    with mirrored(2).scope():
+        base = gan_model(adam=True)
+        model = FlaggingGAN(base.discriminator, base.generator)
+        model.compile(keras.optimizers.Adam(0.01), keras.optimizers.Adam(0.02))
+        FLAGS["seen"] = keras.Variable(0.0, name="seen", trainable=False)
+    with pytest.raises(ValueError, match="assigned a variable .* would be dropped"):
+        model.fit(REAL[:96], Z[:96], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+
+
 @pytest.mark.parametrize("r", [1, 2], ids=lambda r: f"r{r}")
 def test_the_second_optimizer_is_read_afresh_and_written_back(r):
     """Its variables are the step's inputs, not constants of its trace: a learning rate the
