@@ -29,7 +29,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -130,7 +130,7 @@ def describe_safely(fn: Callable, chain: Chain) -> str:
 
 def describe(fn: Callable, chain: Chain) -> str:
     """``chain`` as Python source would read it (``self.model.params['w']``)."""
-    out, obj = "", fn
+    out, obj = "", cast(Any, fn)
     for kind, key in chain:
         if kind == "self":
             out = "self"

@@ -173,7 +173,7 @@ def _absent_globals(fn: Callable, walked: list) -> list[tuple[Chain, Any, str]]:
     out = []
     for chain, f in [((), fn), *walked]:
         if type(f) is types.FunctionType and _names.users_function(f):
-            scope, builtin = f.__globals__, f.__builtins__
+            scope, builtin = f.__globals__, getattr(f, "__builtins__", {})
             for name in sorted(_names.global_names(f.__code__)):
                 if name not in scope and name not in builtin:
                     out.append((chain, name, "noglobal"))
