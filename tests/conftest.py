@@ -1,5 +1,6 @@
 """Test set-up: 8 simulated CPU devices, fixed once before JAX starts."""
 
+import contextlib
 import importlib
 import os
 
@@ -80,8 +81,15 @@ def _state_checks_off_where_marked(request):
     if request.node.get_closest_marker("unchecked") is None:
         yield
         return
+    with state_checks(False):
+        yield
+
+
+@contextlib.contextmanager
+def state_checks(on: bool):
+    """The state check mode set to ``on`` inside, as it was after."""
     before = jd.experimental.state_checks()
-    jd.experimental.set_state_checks(False)
+    jd.experimental.set_state_checks(on)
     try:
         yield
     finally:

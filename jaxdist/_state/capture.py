@@ -172,16 +172,9 @@ def _method_links(cls: type) -> Iterator[tuple[tuple, Any]]:
 
 def _users_class(cls: type) -> bool:
     """`jaxdist._state.names.users_class`, kept per class (the walk asks it per object)."""
-    try:
-        return _USERS[cls]
-    except (KeyError, TypeError):
-        pass
-    found = not _names.builtin_class(cls) and _names.users_class(cls)
-    try:
-        _USERS[cls] = found
-    except TypeError:  # not weakly referenceable
-        pass
-    return found
+    return _names.per_class(
+        _USERS, cls, lambda c: not _names.builtin_class(c) and _names.users_class(c)
+    )
 
 
 _USERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -196,19 +196,25 @@ def builtin_class(cls: type) -> bool:
     """
     if cls.__module__ != "builtins":
         return False
-    try:
-        return _BUILTIN[cls]
-    except (KeyError, TypeError):
-        pass
-    found = _a_function(cls) is None
-    try:
-        _BUILTIN[cls] = found
-    except TypeError:  # not weakly referenceable
-        pass
-    return found
+    return per_class(_BUILTIN, cls, lambda c: _a_function(c) is None)
 
 
 _BUILTIN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def per_class(cache: weakref.WeakKeyDictionary, cls: type, compute: Any) -> bool:
+    """``compute(cls)``, kept in ``cache`` (weak on the class; not kept for a class that
+    cannot be weakly referenced)."""
+    try:
+        return cache[cls]
+    except (KeyError, TypeError):
+        pass
+    found = compute(cls)
+    try:
+        cache[cls] = found
+    except TypeError:  # not weakly referenceable
+        pass
+    return found
 
 
 def add_held_name(value: str, chain: tuple, named: set[str], is_named: Any) -> None:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import mirrored, ones_batch, total
+from conftest import mirrored, ones_batch, state_checks, total
 
 import jaxdist as jd
 from jaxdist._state import recheck
@@ -25,23 +25,16 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 SCALE = contextvars.ContextVar("scale")
 
 
-def _mode(on):
-    before = jd.experimental.state_checks()
-    jd.experimental.set_state_checks(on)
-    try:
-        yield
-    finally:
-        jd.experimental.set_state_checks(before)
-
-
 @pytest.fixture
 def checks():
-    yield from _mode(True)
+    with state_checks(True):
+        yield
 
 
 @pytest.fixture
 def unchecked():
-    yield from _mode(False)  # (make test-checked runs this file with the mode on)
+    with state_checks(False):  # (make test-checked runs this file with the mode on)
+        yield
 
 
 def _eager(strategy, step):
@@ -58,19 +51,32 @@ def _function(strategy, step):
 CALLS = {"eager": _eager, "jd.function": _function}
 
 
+def _array_step(x):
+    return total(x) * SCALE.get()
+
+
+def _number_step(x):  # (another code: a plain function's programs are its code's)
+    return total(x) * SCALE.get()
+
+
+# the step, the value it reads through the untracked route first and then, what the error names
+VALUES = {
+    "array": (_array_step, jnp.ones(()), jnp.full((), 5.0), "constant .* is now 5.0"),
+    "number": (_number_step, 1.0, 5.0, "the program"),
+}
+
+
 @pytest.mark.parametrize("n", (1, 2, 8))
 @pytest.mark.parametrize("how", list(CALLS))
-def test_an_array_read_through_an_untracked_route_is_named(checks, n, how):
+@pytest.mark.parametrize("kind", list(VALUES))
+def test_a_value_read_through_an_untracked_route_is_named(checks, n, how, kind):
     strategy = mirrored(n)
-
-    def step(x):
-        return total(x) * SCALE.get()
-
+    step, first, then, named = VALUES[kind]
     call = CALLS[how](strategy, step)
-    SCALE.set(jnp.ones(()))
+    SCALE.set(first)
     assert call() == 8.0
-    SCALE.set(jnp.full((), 5.0))
-    with pytest.raises(jd.experimental.StateCheckError, match="constant .* is now 5.0"):
+    SCALE.set(then)
+    with pytest.raises(jd.experimental.StateCheckError, match=named):
         call()
 
 
@@ -88,22 +94,6 @@ def test_without_the_mode_the_same_route_is_stale(unchecked, n, how):
     assert call() == 8.0
     SCALE.set(jnp.full((), 5.0))
     assert call() == 8.0  # stale: the route is one jaxdist cannot see
-
-
-@pytest.mark.parametrize("n", (1, 2, 8))
-@pytest.mark.parametrize("how", list(CALLS))
-def test_a_python_number_read_through_an_untracked_route_is_named(checks, n, how):
-    strategy = mirrored(n)
-
-    def step(x):
-        return total(x) * SCALE.get()
-
-    call = CALLS[how](strategy, step)
-    SCALE.set(1.0)
-    assert call() == 8.0
-    SCALE.set(3.0)
-    with pytest.raises(jd.experimental.StateCheckError, match="the program"):
-        call()
 
 
 @pytest.mark.parametrize("n", (1, 2, 8))
