@@ -168,6 +168,8 @@ SLOW_FILES = {  # test file: why it is in the slow tier
     "test_state_routes3.py": "more state routes at every replica count: compiles per case",
     "test_replica_state_keras.py": "Keras models trained in the replica step: seconds per case",
     "test_tf_variables.py": "TF's custom-training tutorial with Keras: seconds per case",
+    "test_generated_routes.py": "1,156 generated programs against plain Python (a minute and more)",
+    "test_replica_state_flax.py": "a flax conv net trained at every replica count: compiles per case",
 }
 SLOW_PREFIXES = {  # test files named so: why they are in the slow tier
     "test_sweep_": "a property sweep (hypothesis draws, each a compile)",
