@@ -239,6 +239,8 @@ def replay(strategy: Any, cdo: Any, fn: Callable, args: tuple, kwargs: Any = Non
     plan = _PLANS.get(fn)
     if plan is None or _jax_internals.tracing() or _compile.is_fake_pmap():
         return MISS
+    if _recheck.state_checks():  # (a plan kept before the mode was on: checked on the full path)
+        return MISS
     _context.check_can_run(strategy)
     leaves, treedef = _structure(args, kwargs)
     return plan(strategy, cdo, fn, leaves, treedef)

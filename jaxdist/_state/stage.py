@@ -151,6 +151,7 @@ class Staged(Calls):
         self._lift(fn, closed, outputs, before, unfound_nested)
         self._outputs, self._jaxpr = outputs, closed.jaxpr
         chains = [*self._numbers, *(c for c, *_ in self._swaps), *(c for _, c, *_ in self._lifted)]
+        self._read_chains = chains
         self._fetcher = _chains.Fetcher(chains)
         self._array_checks = [*self._swaps, *((c, s, d) for _, c, s, d in self._lifted)]
         self._fresh = True
@@ -333,10 +334,9 @@ class Staged(Calls):
         the places of the state it reads and writes, its constants, its untraced outputs
         (those not read from the state again) and its program's text."""
         name = functools.partial(_chains.describe_safely, fn)
-        lifted = [c for _, c, *_ in self._lifted]
         program, constants = _recheck.program_form(self._jaxpr, self._consts)
         return {
-            "reads": [name(c) for c in [*self._numbers, *(c for c, *_ in self._swaps), *lifted]],
+            "reads": [name(c) for c in self._read_chains],
             "writes": [name(c) for c, *_ in self._assigned],
             "constants": constants,
             "returned": [x for x in self._outputs() if id(x) not in self._outs],

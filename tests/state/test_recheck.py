@@ -172,3 +172,20 @@ def test_the_environment_turns_the_mode_on():
     env = {**os.environ, "JAXDIST_CHECK_STATE": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "True", out.stderr[-2000:]
+
+
+def test_a_one_replica_step_replayed_before_the_mode_was_on_is_checked(unchecked):
+    """One replica replays a repeated call from a plan it kept; a plan kept before the mode
+    was turned on is not replayed under it: the call is checked."""
+    strategy = mirrored(1)
+
+    def step(x):
+        return total(x) * SCALE.get()
+
+    call = _eager(strategy, step)
+    SCALE.set(jnp.ones(()))
+    assert [call(), call()] == [8.0, 8.0]  # the second call replays the kept plan
+    SCALE.set(jnp.full((), 5.0))
+    with state_checks(True):
+        with pytest.raises(jd.experimental.StateCheckError, match="is now 5.0"):
+            call()
