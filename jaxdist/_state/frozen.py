@@ -83,13 +83,13 @@ def warn_frozen(fn: Callable, closed: Any) -> None:
     if _context.in_function():
         return
     found = [_chains.describe(fn, c) for c in chains if c is not None]
-    found += [  # Python numbers of the state held by a name (``self.lr``, ``box["lr"]``):
-        # baked in as well (not entries of a list or tuple: a log the step appends to)
+    found += [  # Python values of the state held by a name (``self.lr``, ``box["lr"]``,
+        # ``self.training``, ``self.phase``, ``cfg.lr`` of a namedtuple): baked in as well
+        # (not entries of a list: a log the step appends to)
         _chains.describe(fn, chain)
         for chain, value, how in _watch.watch(fn)
-        if how == "value"
-        and type(value) in (int, float)
-        and not _indexed(chain)
+        if _baked(value, how)
+        and not (_indexed(chain) and not _in_tuple(fn, chain))
         and not _library_held(fn, chain)
     ]
     if not found:
@@ -106,6 +106,23 @@ def warn_frozen(fn: Callable, closed: Any) -> None:
         RuntimeWarning,
         stacklevel=4,
     )
+
+
+def _baked(value: Any, how: str) -> bool:
+    """Whether a watched value is one a compile bakes in: a number, bool or string
+    (Python's or NumPy's), an Enum member, a set."""
+    if how == "value":
+        return type(value) in (int, float, bool, str) or isinstance(value, np.generic)
+    return how in ("member", "set")
+
+
+def _in_tuple(fn: Callable, chain: Any) -> bool:
+    """Whether the value at ``chain`` is an entry of a tuple or namedtuple (a setting, not
+    a log)."""
+    try:
+        return isinstance(_chains.fetch(fn, chain[:-1]), tuple)
+    except _chains.Gone:
+        return False
 
 
 def _indexed(chain: Any) -> bool:
