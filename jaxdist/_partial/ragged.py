@@ -31,6 +31,7 @@ from jaxdist._base.validate import hashable_arg, is_number
 from jaxdist._collective.reduce import all_rows
 from jaxdist._partial import replay as _replay
 from jaxdist._program import compile as _compile
+from jaxdist._state import arguments as _arguments
 from jaxdist._state import assign as _assign
 from jaxdist._state import replica as _replica
 from jaxdist._state.stage import Staged
@@ -225,10 +226,11 @@ def _run_compiled(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, inp
     """
     flat, in_tree = jax.tree.flatten(inputs)
     arrays = tuple(i for i, x in enumerate(flat) if _is_array_or_number(x))
-    statics = tuple((i, hashable_arg(flat[i], i)) for i in range(len(flat)) if i not in arrays)
+    statics = tuple((i, _static(flat[i], i)) for i in range(len(flat)) if i not in arrays)
     avals = tuple(jax.typeof(as_array(flat[i])) for i in arrays)
     key = ("ragged", in_tree, arrays, statics, avals, replicas.devices)
-    get_fn = _compile.weak_callable(fn)
+    get_fn = _compile.weak_callable(fn)  # (``fn``: the step, or the root with its arguments)
+    step = _arguments.step_of(fn)  # its programs are cached on the step itself
     n = replicas.num
 
     def build() -> tuple:
@@ -237,7 +239,7 @@ def _run_compiled(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, inp
         def program(*values: Any) -> list:
             leaves: list = [None] * len(flat)
             for i, v in statics + tuple(zip(arrays, values)):
-                leaves[i] = v
+                leaves[i] = _arguments.value(v)
             args, kwargs = jax.tree.unflatten(in_tree, leaves)
             inputs, rows = split_inputs(args, kwargs, n)
             outs, invariant, assigned = _user_traced(strategy, cdo, get_fn(), inputs, devices, rows)
@@ -255,7 +257,7 @@ def _run_compiled(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, inp
 
     to_first = functools.partial(jax.device_put, device=replicas.first_device)
     (program, info, staged), extra = _compile.steps.get(
-        fn, key, build, lambda entry: entry[2].inputs(fn, to_first), operator.itemgetter(2)
+        step, key, build, lambda entry: entry[2].inputs(fn, to_first), operator.itemgetter(2)
     )
     first = [replicas.first_device] * len(arrays)
     host = [_host_view(flat[i], replicas) for i in arrays]
@@ -269,6 +271,14 @@ def _run_compiled(strategy: Any, replicas: Replicas, cdo: Any, fn: Callable, inp
         for chain, value in zip(info["chains"], values):
             _assign.replace(fn, chain, value)
     return _to_replicas(jax.tree.unflatten(info["treedef"], out), replicas)
+
+
+def _static(value: Any, index: int) -> Any:
+    """A static argument's key (an unhashable object holding state: by identity)."""
+    try:
+        return _arguments.key(value)
+    except TypeError:
+        return hashable_arg(value, index)  # (raises, naming the leaf)
 
 
 def _everywhere(value: Any, replicas: Replicas) -> Any:

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxdist._base.devices import AXIS, Replicas
+from jaxdist._state import arguments as _arguments
 
 
 def vmapped(fn: Callable, in_axes: Sequence[int | None]) -> Callable:
@@ -145,7 +146,8 @@ class Plan:
         owner: ``(strategy, cross_device_ops)`` of the call, compared by identity.
         leaves: the first call's flat arguments (distributed values excluded).
         treedef: their tree structure.
-        static_at: the positions of the static leaves (hashable Python values).
+        at: the positions of the static leaves (hashable Python values), and of those
+            that hold state (`jaxdist._state.arguments`: read from this call's objects).
         program: the compiled step (`Program`).
         staged: the step's trace (`jaxdist._state.stage.Staged`): ``inputs``, ``write_back``
             and ``num_inputs``.
@@ -153,12 +155,14 @@ class Plan:
         wrap: ``wrap(fn, outs, arrays)``, the step's result from the program's outputs.
     """
 
-    def __init__(self, owner: tuple, leaves: list, treedef: Any, static_at: tuple, *how: Any):
+    def __init__(self, owner: tuple, leaves: list, treedef: Any, at: tuple, *how: Any):
         self._strategy, self._cdo = owner
         self._treedef = treedef
+        static_at, self._held = at
         self._types = tuple(map(type, leaves))
         self._static_at = static_at
         self._statics = tuple(leaves[i] for i in static_at)
+        self._first = {i: leaves[i] for i in self._held}
         dynamic = tuple(i for i in range(len(leaves)) if i not in static_at)
         self._dynamic_at = dynamic if static_at else None
         self._program, self._staged, self._place, self._wrap = how
@@ -176,9 +180,13 @@ class Plan:
             return MISS
         arrays = leaves
         if self._dynamic_at is not None:  # compared by identity first (tuple equality)
+            if any(leaves[i] is not self._first[i] for i in self._held):
+                return MISS  # (objects holding state: by identity, never by their ``__eq__``)
             if tuple([leaves[i] for i in self._static_at]) != self._statics:
                 return MISS
             arrays = [leaves[i] for i in self._dynamic_at]
+        if self._held:  # objects in the arguments: their state read as the step's own
+            fn = _arguments.root(fn, [(i, leaves[i]) for i in self._held])
         extra = self._staged.inputs(fn, self._place)
         if extra is None:  # the state the step was traced with changed
             return MISS

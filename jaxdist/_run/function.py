@@ -39,10 +39,11 @@ from jaxdist._base import context as _context
 from jaxdist._base import jax_internals as _jax_internals
 from jaxdist._base import user_errors as _user_errors
 from jaxdist._base.errors import OutOfRangeError
-from jaxdist._base.validate import describe, hashable_arg, is_number
+from jaxdist._base.validate import describe, is_number
 from jaxdist._input import feeds as _feeds
 from jaxdist._input.iterators import DatasetIterator, DistributedIterator
 from jaxdist._program import compile as _compile
+from jaxdist._state import arguments as _arguments
 from jaxdist._state import capture as _capture
 from jaxdist._state import chains as _chains
 from jaxdist._state.stage import Staged, example
@@ -62,8 +63,8 @@ def _signature(x: Any) -> Hashable:
 def _static_key(value: Any, index: int) -> Hashable:
     if isinstance(value, _ITERATORS):  # read through `_input.feeds`: a new one each epoch is alike
         return ("iterator", type(value))
-    try:
-        return (type(value), hashable_arg(value, index))
+    try:  # (an unhashable object holding state: by identity, `jaxdist._state.arguments.key`)
+        return (type(value), _arguments.key(value))
     except TypeError:
         raise TypeError(
             f"jd.function arguments must be arrays, numbers, distributed values or hashable "
@@ -146,6 +147,7 @@ class _Program:
         dyn: list,
         call: _Call,
         donate: bool,
+        root: Callable,
     ) -> None:
         info: dict = {}
         feed = _feeds.Feed(call.where, call.take)
@@ -169,8 +171,8 @@ class _Program:
         examples = [example(x, False) for x in dyn]
         outputs = lambda: [x for x in info["layout"] if x is not None]  # noqa: E731
         fed = lambda: [x for _, _, e in feed.used for x in jax.tree.leaves(e)]  # noqa: E731
-        self.staged = Staged(
-            fn, body, examples, outputs=outputs, numbers=True, writes=True, fed=fed
+        self.staged = Staged(  # (its state: ``fn``'s, and the objects in its arguments')
+            root, body, examples, outputs=outputs, numbers=True, writes=True, fed=fed
         )
         self.feeds = [(s, k, _element_signature(e)) for s, k, e in feed.used]
         self._info = info
@@ -262,14 +264,16 @@ class Function:
                 statics.append(x)
                 key.append(_static_key(x, i))  # an iterator: by its type (`_input.feeds`)
         full = ("jd.function", treedef, tuple(key), self.donate_state)
-        how = (tuple(kinds), statics, dyn, call, self.donate_state)
+        held = _arguments.objects(leaves, [k == "s" for k in kinds])
+        root = _arguments.root(fn, [(i, x) for i, x in held if not isinstance(x, _ITERATORS)])
+        how = (tuple(kinds), statics, dyn, call, self.donate_state, root)
         build = lambda: _Program(fn, treedef, *how)  # noqa: E731
         entry, extra = _compile.steps.get(
-            fn, full, build, lambda e: e.inputs(fn, call), lambda e: e.staged
+            fn, full, build, lambda e: e.inputs(root, call), lambda e: e.staged
         )
         outs = entry.program(*dyn, *extra)
-        entry.staged.write_back(fn, outs)
-        return entry.result(fn, outs)
+        entry.staged.write_back(root, outs)
+        return entry.result(root, outs)
 
 
 _CONCRETE = (

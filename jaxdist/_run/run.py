@@ -53,6 +53,7 @@ from jaxdist._collective.replica_context import compiled_collectives, make_repli
 from jaxdist._partial import ragged as _ragged
 from jaxdist._program import compile as _compile
 from jaxdist._program import one_replica as _one_replica
+from jaxdist._state import arguments as _held_args
 from jaxdist._state import promote as _promote
 from jaxdist._state import recheck as _recheck
 from jaxdist._state import replica as _replica
@@ -93,7 +94,10 @@ def _signature(x: Any, stacked: bool = False) -> Hashable:
 
 
 def _static_key(value: Any, index: int) -> Hashable:
-    return (type(value), hashable_arg(value, index))
+    try:  # (an unhashable object holding state: by identity, `jaxdist._state.arguments.key`)
+        return (type(value), _held_args.key(value))
+    except TypeError:
+        return (type(value), hashable_arg(value, index))  # (raises, naming the leaf)
 
 
 def _plain(leaf: Any, index: int, replicas: Replicas) -> Any:
@@ -150,7 +154,7 @@ def make_body(strategy: Any, cdo: Any, n: int, get_fn: Callable, sig: tuple, inf
             arrays = arrays[1:]
         passed = {id(x): i for i, (x, k) in enumerate(zip(arrays, dynamic)) if k == BROADCAST}
         it, st = iter(arrays), iter(statics)
-        leaves = [next(st)[1] if k == STATIC else next(it) for k in kinds]
+        leaves = [_held_args.value(next(st)[1]) if k == STATIC else next(it) for k in kinds]
         args, kwargs = jax.tree.unflatten(treedef, leaves)
         collectives, invariant = compiled_collectives(strategy, cdo, n)
         ctx = make_replica_context(strategy, collectives)
@@ -267,21 +271,23 @@ def run(
     direct = one and not _compile.is_fake_pmap()  # the one-replica program
     leaves, treedef = jax.tree.flatten((tuple(args), dict(kwargs)), is_leaf=is_distributed)
     kinds = tuple(_classify(x, one) for x in leaves)
+    held = _held_args.objects(leaves, [k == STATIC for k in kinds])  # state in its arguments
+    root = _held_args.root(fn, held)
     found = _arguments(leaves, kinds, replicas, direct)
     if found is None:
-        return _ragged.run(strategy, replicas, cdo, fn, tuple(args), dict(kwargs))
+        return _ragged.run(strategy, replicas, cdo, root, tuple(args), dict(kwargs))
     arrays, statics, sigs, stacked = found
     sig = (treedef, kinds, statics)
     in_axes = tuple(0 if k == MAPPED else None for k in kinds if k != STATIC)
     if _jax_internals.tracing() or any(is_tracer(x) for x in arrays):
         arrays = [x.reshape(x.shape[1:]) if s else x for x, s in zip(arrays, stacked)]
-        return _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays)
+        return _run_traced(strategy, replicas, cdo, (fn, root), sig, in_axes, arrays)
     key = (sig, sigs, program_key(strategy, cdo), replicas.devices, _compile.is_fake_pmap())
     again = None  # a later call may replay it: the leaves and their structure as it sees them
     if direct and not any(map(is_distributed, leaves)):
         again = (leaves, _structure(args, kwargs)[1])
-    how = (sig, key, in_axes, direct, again)
-    return _run_eager(strategy, replicas, cdo, fn, how, arrays, stacked)
+    how = (sig, key, in_axes, direct, again, tuple(i for i, _ in held))
+    return _run_eager(strategy, replicas, cdo, (fn, root), how, arrays, stacked)
 
 
 def _structure(args: tuple, kwargs: dict) -> tuple[list, Any]:
@@ -301,10 +307,13 @@ class _Keywords(NamedTuple):
     kwargs: dict
 
 
-def _run_eager(strategy, replicas, cdo, fn, how: tuple, arrays: list, stacked: tuple) -> Any:
+def _run_eager(
+    strategy, replicas, cdo, fns: tuple, how: tuple, arrays: list, stacked: tuple
+) -> Any:
     """One cached program, dispatched once: `jax.pmap` over the replicas, or on one
-    replica the `jaxdist._program.one_replica` program (no replica axis, no per-leaf work)."""
-    sig, key, in_axes, direct, replay = how
+    replica the `jaxdist._program.one_replica` program (no replica axis, no per-leaf work).
+    ``fns``: the step and the root of its state (`jaxdist._state.arguments`)."""
+    (fn, root), (sig, key, in_axes, direct, replay, held) = fns, how
     ids = [_compile.replica_ids(replicas, False)] if MAPPED not in sig[1] else []
     in_axes = (0,) * len(ids) + in_axes
 
@@ -316,7 +325,7 @@ def _run_eager(strategy, replicas, cdo, fn, how: tuple, arrays: list, stacked: t
         outputs = lambda: [x for _, x in info["layout"]]  # noqa: E731
         replica = Replica(AXIS, replicas.num, tuple(rows), _same if direct else _written)
         staged = Staged(
-            fn, body, examples, [(AXIS, replicas.num)], outputs, numbers=True, replica=replica
+            root, body, examples, [(AXIS, replicas.num)], outputs, numbers=True, replica=replica
         )
         if direct:
             return _one_replica.program(staged.evaluate, replicas), info, staged
@@ -325,22 +334,23 @@ def _run_eager(strategy, replicas, cdo, fn, how: tuple, arrays: list, stacked: t
 
     place = None if replicas.multi_process else replicas.replicate
     rows = None if direct else functools.partial(_state_rows, replicas)
-    inputs = lambda e: e[2].inputs(fn, place, rows)  # noqa: E731
+    inputs = lambda e: e[2].inputs(root, place, rows)  # noqa: E731
     entry, extra = _compile.steps.get(fn, key, build, inputs, operator.itemgetter(2))
     program, info, staged = entry
-    state = lambda x: staged.output(fn, x)  # noqa: E731
+    state = lambda x: staged.output(root, x)  # noqa: E731
     if not direct:
         what = f"strategy.run({describe(fn)})"
         outs = _compile.dispatch(program, replicas, *ids, *arrays, *extra, what=what)
-        staged.write_back(fn, outs)  # what the step assigned in its state
+        staged.write_back(root, outs)  # what the step assigned in its state
         return _wrap(info, outs, replicas.num, _first_row, arrays.__getitem__, state)
     # no collective in the program: nothing to bound in flight (see `jaxdist._base.inflight`)
     outs = program((*stacked, *[r or None for r in staged.input_rows]), *arrays, *extra)
-    staged.write_back(fn, outs)
+    staged.write_back(root, outs)
     if replay is not None and not any(staged.input_rows) and not _recheck.state_checks():
         static_at = tuple(i for i, k in enumerate(sig[1]) if k == STATIC)
         plan = (program, staged, place, _replayed_outputs(info, staged))
-        _PLANS.put(fn, _one_replica.Plan((strategy, cdo), *replay, static_at, *plan))
+        at = (static_at, held)
+        _PLANS.put(fn, _one_replica.Plan((strategy, cdo), *replay, at, *plan))
     arg = lambda i: _first_row(arrays[i]) if stacked[i] else arrays[i]  # noqa: E731
     return _wrap(info, outs, 1, _same, arg, state)
 
@@ -395,12 +405,14 @@ def program_key(strategy: Any, cdo: Any) -> Hashable:
     return (type(strategy), ops)
 
 
-def _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays) -> Any:
-    """Inside a JAX trace: a fresh pmap called inline (nothing about the trace is kept)."""
+def _run_traced(strategy, replicas, cdo, fns, sig, in_axes, arrays) -> Any:
+    """Inside a JAX trace: a fresh pmap called inline (nothing about the trace is kept).
+    ``fns``: the step and the root of its state (`jaxdist._state.arguments`)."""
+    fn, root = fns
     info: dict = {}
     body = make_body(strategy, cdo, replicas.num, lambda: fn, sig, info)
-    dist = _replica.places(fn, replicas.num)  # read per replica; what it assigns, taken
-    body = _replica.with_state(fn, body, [c for c, _ in dist], info)
+    dist = _replica.places(root, replicas.num)  # read per replica; what it assigns, taken
+    body = _replica.with_state(root, body, [c for c, _ in dist], info)
     arrays = [*arrays, *(stacked_array(v) for _, v in dist)]
     in_axes = (*in_axes, *(0,) * len(dist))
     swap = _promote.swapped()
@@ -409,12 +421,12 @@ def _run_traced(strategy, replicas, cdo, fn, sig, in_axes, arrays) -> Any:
     call_axes, call_args = in_axes, arrays
     if MAPPED not in sig[1]:  # a pmap needs one mapped argument
         call_axes, call_args = (0, *in_axes), [_compile.replica_ids(replicas, True), *arrays]
-    outs, varies = _traced_map(fn, replicas, body, tuple(call_axes), call_args)
+    outs, varies = _traced_map(root, replicas, body, tuple(call_axes), call_args)
     if info["assigned"] and not _context.in_function():
-        raise _replica.assigned_under_jit(fn, info["assigned"][0][0])
+        raise _replica.assigned_under_jit(root, info["assigned"][0][0])
     if info["assigned"]:  # what the step assigned in its state: written back there
         row = _written if replicas.num > 1 else lambda a, *_: a[0]
-        _replica.write_traced(fn, info, outs, varies, row, len(info.get("written", ())))
+        _replica.write_traced(root, info, outs, varies, row, len(info.get("written", ())))
     if info.get("written"):  # what the step stored there: replica 0's value, as eagerly
         values = outs[len(outs) - len(info["written"]) :]
         now = swap.now()  # type: ignore[union-attr]

@@ -297,7 +297,7 @@ def take_assigned(
 def constant_places(before: dict[Chain, Any], now: dict[Chain, Any], skip: set, places: list):
     """The places where the running trace put a Python value that is no traced number
     (``self.train_disc = not self.train_disc``, ``self.mode = "eval"``: a bool, a string,
-    None, an Enum member), as `assigned` gives them: a constant of the trace, written back
+    None, an Enum member, a set), as `assigned` gives them: a constant of the trace, written back
     after each call as Python would assign it (the trace is keyed on the value it read:
     `jaxdist._state.watch`). Numbers are `jaxdist._state.promote`'s (inputs, or a new
     trace); a list's new items are not places to write."""
@@ -321,7 +321,7 @@ def constant_places(before: dict[Chain, Any], now: dict[Chain, Any], skip: set, 
     return out
 
 
-_CONSTANTS = frozenset((bool, str, type(None), bytes, np.bool_))
+_CONSTANTS = frozenset((bool, str, type(None), bytes, np.bool_, set, frozenset))
 
 
 def _a_slot(obj: Any, chain: Chain) -> bool:

@@ -109,7 +109,7 @@ class Calls:
             written, rules = self._replica.written, self._rules(fn)
             it = iter([written(x, v, r) for x, v, r in zip(it, self._written_varies, rules)])
         for chain, treedef, leaves in self._assigned:
-            value = treedef.unflatten([next(it) if x is None else x for x in leaves])
+            value = treedef.unflatten([next(it) if x is None else _fresh(x) for x in leaves])
             _assign.replace(fn, chain, value)
         for i in self._numbers_assigned:  # a number as the number type it was, not an array
             _promote.put_number(fn, self._numbers[i], self._types[i])
@@ -357,3 +357,10 @@ class Calls:
         if held is not None and held[0] is self and id(value) in held[1]:
             return held[1][id(value)]
         return _chains.fetch(fn, chain)
+
+
+def _fresh(constant: Any) -> Any:
+    """A Python value the trace assigned, as written back by one call: a set a new one
+    each time (the host may change the one it holds in place; the trace's stays as
+    traced)."""
+    return set(constant) if type(constant) is set else constant

@@ -26,6 +26,7 @@ state afresh (`jaxdist._state.watch`, `jaxdist._state.promote`, `jaxdist._state.
 
 from __future__ import annotations
 
+import functools
 import sys
 import weakref
 from collections.abc import Callable, Iterator
@@ -107,6 +108,27 @@ def _view(base: Any, spec: tuple) -> np.ndarray:
     return np.ndarray(shape, np.dtype(dtype), buffer=base, offset=offset, strides=strides)
 
 
+class StepArguments(functools.partial):
+    """A step with the objects of one call's arguments that can hold state: the root its
+    state is walked from and read at (`jaxdist._state.arguments`). ``at``: each object's
+    argument leaf index. Called, it is the step called with the arguments it is given."""
+
+    at: tuple[int, ...] = ()
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **kwargs)
+
+    def label(self, k: int) -> str:
+        """How a message names the ``k``-th object: by its leaf among the arguments."""
+        at = self.at[k] if k < len(self.at) else k
+        return f"argument leaf {at} ({type(self.args[k]).__name__})"
+
+
+def step_of(fn: Callable) -> Callable:
+    """The step function of a root (``fn`` itself when it is one)."""
+    return fn.func if type(fn) is StepArguments else fn
+
+
 def fetch(fn: Callable, chain: Chain) -> Any:
     """The value at the end of ``chain`` now (raises `Gone` if it is not there)."""
     obj = fn
@@ -138,6 +160,8 @@ def describe(fn: Callable, chain: Chain) -> str:
             out = obj.__code__.co_freevars[key]
         elif kind == "global":
             out = key
+        elif kind == "parg" and type(obj) is StepArguments:
+            out = obj.label(key)
         elif kind in ("default", "kwdefault", "parg", "pkw"):
             out = f"{'default' if 'default' in kind else 'partial'} argument {key!r}"
         elif kind in ("attr", "getattr", "fattr"):

@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from jaxdist._state import peek as _peek
+from jaxdist._state.chains import step_of
 
 
 def function_key(fn: Callable, strict: bool = False, depth: int = 0) -> tuple:
@@ -45,6 +46,7 @@ def function_key(fn: Callable, strict: bool = False, depth: int = 0) -> tuple:
     >>> function_key(make(2.0), strict=True) == function_key(make(3.0), strict=True)
     False
     """
+    fn = step_of(fn)  # (a call's root with its argument objects: its step)
     fn = getattr(fn, "__func__", fn)
     cells = []
     for cell in getattr(fn, "__closure__", None) or ():
@@ -66,7 +68,8 @@ def captures_nothing(fn: Callable) -> bool:
     >>> captures_nothing(lambda x: x), captures_nothing(lambda x, k=2: x * k)
     (True, False)
     """
-    f = fn.__func__ if type(fn) is types.MethodType else fn
+    f = step_of(fn)  # (a call's root with its argument objects: its step)
+    f = f.__func__ if type(f) is types.MethodType else f
     return getattr(f, "__closure__", None) is None and not getattr(f, "__defaults__", None)
 
 
@@ -75,6 +78,15 @@ def _captured_key(value: Any, strict: bool, depth: int) -> Any:
         return type(value)
     if depth >= _MAX_DEPTH:
         return id(value)
+    if not strict:  # a small tuple, dict or dataclass of fresh values: by its structure
+        if type(value) in (set, frozenset) and len(value) <= _SMALL:  # (its members: watched)
+            if all(_peek.is_a(v, _FRESH) for v in value):
+                return type(value)
+        items = _small_items(value)
+        if items is not None:
+            keys = tuple((k, _captured_key(v, strict, depth + 1)) for k, v in items)
+            if all(type(key) is not int for _, key in keys):  # (an object in it: identity)
+                return (type(value), keys)
     if type(value) is types.FunctionType:
         return function_key(value, strict, depth + 1)
     if type(value) is types.MethodType:  # ``t.step`` is a new object at every access
@@ -83,6 +95,30 @@ def _captured_key(value: Any, strict: bool, depth: int) -> Any:
 
 
 _FRESH = (jax.Array, np.ndarray, np.generic, int, float, complex, bool, str, type(None))
+_SMALL = 16  # entries of a tuple, dict or dataclass compared by structure; a larger: identity
+
+
+def _small_items(value: Any) -> list | None:
+    """``[(key, entry)]`` of a tuple (a namedtuple's too), a dict or a dataclass object of
+    at most `_SMALL` entries, read without running its code; None for anything else.
+
+    Such a value in a closure cell or a default argument, made anew between calls
+    (``cfg = cfg._replace(lr=...)``, ``state = {"w": w, "lr": lr}``), is the same capture
+    when its structure is: the arrays and numbers in it are read afresh, the Python values
+    the trace depends on watched (`jaxdist._state.watch`)."""
+    kind = type(value)
+    if kind is tuple or (_peek.is_a(value, tuple) and _peek.type_lookup(kind, "_fields")):
+        return list(enumerate(tuple.__iter__(value))) if len(value) <= _SMALL else None
+    if kind is dict:
+        return list(dict.items(value)) if len(value) <= _SMALL else None
+    fields = _peek.type_lookup(kind, "__dataclass_fields__")
+    if type(fields) is dict and len(fields) <= _SMALL:  # its fields (not what it caches)
+        own = _peek.instance_dict(value) or {}
+        if all(name in own for name in fields):
+            return [(name, own[name]) for name in fields]
+    return None
+
+
 _MAX_DEPTH = 8  # functions inside functions compared by code; deeper ones by identity
 
 

@@ -173,8 +173,13 @@ def users_class(cls: type) -> bool:
         return _users(filename)
     if cls.__module__ == "__main__":  # a notebook's or an interactive session's
         return True
+    if cls.__module__ == "builtins" and cls.__flags__ & _HEAPTYPE:  # a ``class`` statement
+        return True  # run by ``exec`` in a namespace without ``__name__``
     function = _a_function(cls)  # made by ``exec``'d code: its module names no file
     return function is not None and users_function(function)
+
+
+_HEAPTYPE = 1 << 9  # ``Py_TPFLAGS_HEAPTYPE``: a class made at run time, not one of C's own
 
 
 def _a_function(cls: type) -> types.FunctionType | None:
@@ -189,17 +194,14 @@ def _a_function(cls: type) -> types.FunctionType | None:
 def builtin_class(cls: type) -> bool:
     """A class of Python's own (``int``, ``dict``): not one the program defines. A class
     that code run by ``exec`` in a namespace without ``__name__`` made says its module is
-    "builtins" too; its Python functions tell it apart.
+    "builtins" too; it is a heap type, made at run time, where Python's own are not.
 
-    >>> builtin_class(dict), builtin_class(type("T", (), {"f": lambda self: 1}))
+    >>> builtin_class(dict), builtin_class(type("T", (), {}))
     (True, False)
     """
     if cls.__module__ != "builtins":
         return False
-    return per_class(_BUILTIN, cls, lambda c: _a_function(c) is None)
-
-
-_BUILTIN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    return not cls.__flags__ & _HEAPTYPE
 
 
 def per_class(cache: weakref.WeakKeyDictionary, cls: type, compute: Any) -> bool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import contextvars
 import threading
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -71,6 +72,7 @@ def like(old: Any, value: Any) -> Any:
 
 
 def _code(fn: Callable) -> Any:
+    fn = _chains.step_of(fn)  # (a call's root with its argument objects: its step's code)
     return getattr(getattr(fn, "__func__", fn), "__code__", None)
 
 
@@ -134,7 +136,7 @@ def writable(fn: Callable, chain: Chain) -> bool:
     """Whether a number can be stored at the end of ``chain`` (`put`): a place the
     state owns outright, or an entry of a tuple or namedtuple held at such a place (the
     tuple is then replaced by one with that entry changed, as ``cfg._replace(lr=...)``)."""
-    kind, _ = chain[-1]
+    kind, key = chain[-1]
     if kind not in _SETTERS:
         return False
     try:
@@ -149,6 +151,10 @@ def writable(fn: Callable, chain: Chain) -> bool:
         return _peek.instance_dict(parent) is not None
     if kind == "getattr":
         return _peek.is_a(parent, type)
+    if kind in ("default", "kwdefault"):  # (a function's defaults: a tuple made again, a dict)
+        return type(parent) is types.FunctionType
+    if kind == "child":  # a registered pytree's field held in its object's own dict
+        return bool(key[2]) and key[2] in (_peek.instance_dict(parent) or {})
     return True
 
 
@@ -203,7 +209,14 @@ _SETTERS: dict[str, Callable[[Any, Any, Any], None]] = {
     "cell": lambda o, k, v: setattr(o.__closure__[k], "cell_contents", v),
     "fattr": lambda o, k, v: o.__dict__.__setitem__(k, v),
     "getattr": lambda o, k, v: type.__setattr__(o, k, v),
+    "default": lambda o, k, v: setattr(o, "__defaults__", _with(o.__defaults__, k, v)),
+    "kwdefault": lambda o, k, v: o.__kwdefaults__.__setitem__(k, v),
+    "child": lambda o, k, v: (_peek.instance_dict(o) or {}).__setitem__(k[2], v),
 }
+
+
+def _with(items: tuple, k: int, value: Any) -> tuple:
+    return (*items[:k], value, *items[k + 1 :])
 
 
 class Swapped:
