@@ -20,6 +20,7 @@ False
 from __future__ import annotations
 
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -74,23 +75,24 @@ def captures_nothing(fn: Callable) -> bool:
 
 
 def _captured_key(value: Any, strict: bool, depth: int) -> Any:
+    kind = type(value)
+    if kind is types.FunctionType:  # (the common captures first: each call compares them)
+        return function_key(value, strict, depth + 1) if depth < _MAX_DEPTH else id(value)
     if not strict and _peek.is_a(value, _FRESH):
-        return type(value)
+        return kind
     if depth >= _MAX_DEPTH:
         return id(value)
-    if not strict:  # a small tuple, dict or dataclass of fresh values: by its structure
-        if type(value) in (set, frozenset) and len(value) <= _SMALL:  # (its members: watched)
+    if kind is types.MethodType:  # ``t.step`` is a new object at every access
+        return (function_key(value.__func__, strict, depth + 1), id(value.__self__))
+    if not strict:  # a small tuple, dict, set or dataclass of fresh values: by its structure
+        if kind in (set, frozenset) and len(value) <= _SMALL:  # (its members: watched)
             if all(_peek.is_a(v, _FRESH) for v in value):
-                return type(value)
+                return kind
         items = _small_items(value)
         if items is not None:
             keys = tuple((k, _captured_key(v, strict, depth + 1)) for k, v in items)
             if all(type(key) is not int for _, key in keys):  # (an object in it: identity)
-                return (type(value), keys)
-    if type(value) is types.FunctionType:
-        return function_key(value, strict, depth + 1)
-    if type(value) is types.MethodType:  # ``t.step`` is a new object at every access
-        return (function_key(value.__func__, strict, depth + 1), id(value.__self__))
+                return (kind, keys)
     return id(value)
 
 
@@ -111,8 +113,8 @@ def _small_items(value: Any) -> list | None:
         return list(enumerate(tuple.__iter__(value))) if len(value) <= _SMALL else None
     if kind is dict:
         return list(dict.items(value)) if len(value) <= _SMALL else None
-    fields = _peek.type_lookup(kind, "__dataclass_fields__")
-    if type(fields) is dict and len(fields) <= _SMALL:  # its fields (not what it caches)
+    fields = _dataclass_fields(kind)
+    if fields is not None and len(fields) <= _SMALL:  # its fields (not what it caches)
         own = _peek.instance_dict(value) or {}
         if all(name in own for name in fields):
             return [(name, own[name]) for name in fields]
@@ -120,6 +122,22 @@ def _small_items(value: Any) -> list | None:
 
 
 _MAX_DEPTH = 8  # functions inside functions compared by code; deeper ones by identity
+_FIELDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # class: its fields or None
+
+
+def _dataclass_fields(kind: type) -> dict | None:
+    """A class's dataclass fields (None: not a dataclass), looked up once per class."""
+    try:
+        return _FIELDS[kind]
+    except (KeyError, TypeError):
+        pass
+    fields = _peek.type_lookup(kind, "__dataclass_fields__")
+    found = fields if type(fields) is dict else None
+    try:
+        _FIELDS[kind] = found
+    except TypeError:  # (a class that cannot be weakly referenced: looked up every time)
+        pass
+    return found
 
 
 def captured_ids(fn: Callable, strict: bool = False) -> tuple:
