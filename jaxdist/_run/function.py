@@ -86,6 +86,11 @@ class _Call:
         self._fn, self._leaves = fn, leaves
         self._got: dict = {}
 
+    @property
+    def leaves(self) -> list:
+        """The call's argument leaves."""
+        return self._leaves
+
     def where(self, iterator: Any) -> Hashable:
         """An iterator's place: an argument's leaf, or a chain in the function's state."""
         for i, leaf in enumerate(self._leaves):
@@ -231,7 +236,8 @@ class Function:
         code = getattr(fn, "__func__", fn)
         try:
             try:
-                return self._call(fn, leaves, treedef, call, _STATIC_NUMBERS.get(code, False))
+                static = _STATIC_NUMBERS.get(code, False)
+                return self._call(fn, (args, kwargs), treedef, call, static)
             except _user_errors.STEP_ERRORS as e:
                 if not _user_errors.is_step_error(e):
                     raise
@@ -242,7 +248,7 @@ class Function:
                 _STATIC_NUMBERS[code] = True
                 del e
             try:
-                return self._call(fn, leaves, treedef, call, True)
+                return self._call(fn, (args, kwargs), treedef, call, True)
             except _user_errors.STEP_ERRORS as e:
                 if not _user_errors.is_step_error(e):
                     raise
@@ -252,7 +258,8 @@ class Function:
         except StopIteration as e:  # TF raises its OutOfRangeError from the call
             raise OutOfRangeError(f"End of sequence in {describe(fn)}: {e}") from None
 
-    def _call(self, fn: Callable, leaves: list, treedef: Any, call: _Call, static: bool) -> Any:
+    def _call(self, fn: Callable, given: tuple, treedef: Any, call: _Call, static: bool) -> Any:
+        leaves = call.leaves
         kinds, dyn, statics, key = [], [], [], []
         for i, x in enumerate(leaves):
             if isinstance(x, (jax.Array, np.ndarray)) or (is_number(x) and not static):
@@ -265,7 +272,8 @@ class Function:
                 key.append(_static_key(x, i))  # an iterator: by its type (`_input.feeds`)
         full = ("jd.function", treedef, tuple(key), self.donate_state)
         held = _arguments.objects(leaves, [k == "s" for k in kinds])
-        root = _arguments.root(fn, [(i, x) for i, x in held if not isinstance(x, _ITERATORS)])
+        found = [(i, x) for i, x in held if not isinstance(x, _ITERATORS)]
+        root = _arguments.root(fn, found, (*given, None))
         how = (tuple(kinds), statics, dyn, call, self.donate_state, root)
         build = lambda: _Program(fn, treedef, *how)  # noqa: E731
         entry, extra = _compile.steps.get(

@@ -60,7 +60,7 @@ from jaxdist._state import replica as _replica
 from jaxdist._state import varying as _varying
 from jaxdist._state.frozen import warn_frozen
 from jaxdist._state.replica import Replica
-from jaxdist._state.stage import Staged, example
+from jaxdist._state.stage import Staged, example, released
 from jaxdist._values.layout import parts
 from jaxdist._values.layout import stack as stack_value
 from jaxdist._values.layout import stacked as stacked_array
@@ -272,7 +272,7 @@ def run(
     leaves, treedef = jax.tree.flatten((tuple(args), dict(kwargs)), is_leaf=is_distributed)
     kinds = tuple(_classify(x, one) for x in leaves)
     held = _held_args.objects(leaves, [k == STATIC for k in kinds])  # state in its arguments
-    root = _held_args.root(fn, held)
+    root = _held_args.root(fn, held, (args, kwargs, is_distributed))
     found = _arguments(leaves, kinds, replicas, direct)
     if found is None:
         return _ragged.run(strategy, replicas, cdo, root, tuple(args), dict(kwargs))
@@ -421,7 +421,11 @@ def _run_traced(strategy, replicas, cdo, fns, sig, in_axes, arrays) -> Any:
     call_axes, call_args = in_axes, arrays
     if MAPPED not in sig[1]:  # a pmap needs one mapped argument
         call_axes, call_args = (0, *in_axes), [_compile.replica_ids(replicas, True), *arrays]
-    outs, varies = _traced_map(root, replicas, body, tuple(call_axes), call_args)
+    forward, release = released(body)  # (JAX's caches keep the mapped function: not the step)
+    try:
+        outs, varies = _traced_map(root, replicas, forward, tuple(call_axes), call_args)
+    finally:
+        release()
     if info["assigned"] and not _context.in_function():
         raise _replica.assigned_under_jit(root, info["assigned"][0][0])
     if info["assigned"]:  # what the step assigned in its state: written back there

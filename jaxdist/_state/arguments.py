@@ -29,9 +29,12 @@ True
 from __future__ import annotations
 
 import enum
+import functools
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxdist._state import peek as _peek
@@ -78,13 +81,16 @@ def objects(leaves: Sequence[Any], static: Sequence[bool]) -> list[tuple[int, An
     return [(i, x) for i, (x, s) in enumerate(zip(leaves, static)) if s and holds_state(x)]
 
 
-def root(fn: Callable, found: Sequence[tuple[int, Any]]) -> Callable:
+def root(fn: Callable, found: Sequence[tuple[int, Any]], call: tuple | None = None) -> Callable:
     """Where ``fn``'s state is walked from and read at in a call passing the objects
-    ``found`` (`objects`): ``fn`` itself when there are none."""
+    ``found`` (`objects`): ``fn`` itself when there are none. ``call``: ``(args, kwargs,
+    is_leaf)`` as the leaves were flattened, to name an object as the step's parameter."""
     if not found or _replica.is_explicit(fn):  # (jaxdist's Keras steps: state as arguments)
         return fn
     out = StepArguments(fn, *(x for _, x in found))
     out.at = tuple(i for i, _ in found)
+    if call is not None:
+        out.named = functools.partial(argument_name, fn, *call)
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "step")
     vars(out)["__qualname__"] = name  # (messages name the step: `describe`)
     return out
@@ -107,17 +113,48 @@ class ByIdentity:
 
 
 def key(value: Any) -> Any:
-    """``value`` as a static argument's key: itself where hashable, else `ByIdentity`
-    where it holds state; raises `TypeError` for an unhashable value (a set)."""
-    try:
-        hash(value)
-    except TypeError:
-        if not holds_state(value) or _peek.is_a(value, (set, list, dict)):
-            raise
+    """``value`` as a static argument's key: an object holding state by identity
+    (`ByIdentity`: its own ``__eq__`` and ``__hash__`` never run, and two equal objects
+    are two objects, each read for itself), a value (`holds_state` False) by itself;
+    raises `TypeError` for an unhashable value (a set)."""
+    if holds_state(value) and not _peek.is_a(value, (set, list, dict)):
         return ByIdentity(value)
+    hash(value)
     return value
 
 
 def value(static: Any) -> Any:
     """The argument a static key (`key`) stands for."""
     return static.value if type(static) is ByIdentity else static
+
+
+def argument_name(fn: Callable, args: Any, kwargs: Any, is_leaf: Any, index: int) -> str:
+    """The argument leaf ``index`` of ``fn(*args, **kwargs)`` as the step names it: its
+    parameter and the path inside it (``model``, ``batch['cfg']``, ``args[3]``).
+
+    >>> def step(x, model, *more, lr=0.1):
+    ...     pass
+    >>> [argument_name(step, (1, {"a": 2}, 3), {"lr": 4}, None, i) for i in range(4)]
+    ['x', "model['a']", 'more[0]', 'lr']
+    """
+    paths = jax.tree_util.tree_flatten_with_path((tuple(args), dict(kwargs)), is_leaf=is_leaf)[0]
+    path = paths[index][0]
+    rest = jax.tree_util.keystr(tuple(path[2:]))
+    if getattr(path[0], "idx", 1) == 1:  # a keyword argument
+        return f"{getattr(path[1], 'key', path[1])}{rest}"
+    i = path[1].idx
+    return f"{_positional(fn, i)}{rest}"
+
+
+def _positional(fn: Callable, i: int) -> str:
+    """The name of the ``i``-th positional parameter of ``fn`` (``args[i]`` if unknown)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return f"args[{i}]"
+    for k, p in enumerate(params):
+        if p.kind is p.VAR_POSITIONAL:
+            return f"{p.name}[{i - k}]"
+        if k == i and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            return p.name
+    return f"args[{i}]"

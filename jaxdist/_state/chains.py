@@ -114,13 +114,20 @@ class StepArguments(functools.partial):
     argument leaf index. Called, it is the step called with the arguments it is given."""
 
     at: tuple[int, ...] = ()
+    named: Callable[[int], str] | None = None  # an argument leaf's name, as the call wrote it
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
 
     def label(self, k: int) -> str:
-        """How a message names the ``k``-th object: by its leaf among the arguments."""
+        """How a message names the ``k``-th object: as the step's parameter (``model``,
+        ``batch['cfg']``), else by its leaf among the arguments."""
         at = self.at[k] if k < len(self.at) else k
+        if self.named is not None:
+            try:
+                return self.named(at)
+            except Exception:  # noqa: BLE001 - a signature that cannot be read: the leaf
+                pass
         return f"argument leaf {at} ({type(self.args[k]).__name__})"
 
 

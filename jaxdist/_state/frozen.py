@@ -69,7 +69,8 @@ def warn_frozen(fn: Callable, closed: Any) -> None:
     >>> any("the state it reads (box['w'])" in str(w.message) for w in seen)
     True
     """
-    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    step = _chains.step_of(fn)  # (a call's root with its argument objects: its step)
+    code = getattr(getattr(step, "__func__", step), "__code__", None)
     if code is not None and code.co_filename.startswith(_HERE):
         return  # jaxdist's own steps (Keras') pass their state as arguments
     consts = [

@@ -55,6 +55,28 @@ def _spec(x: Any) -> Any:
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=getattr(aval, "weak_type", False))
 
 
+def released(fn: Callable) -> tuple[Callable, Callable[[], None]]:
+    """``fn`` to give a JAX transformation for one trace, and a function that lets it go.
+
+    JAX keeps what it traced in caches weak on the function given to it, whose entries can
+    hold that function strongly (a cycle the weak reference never breaks, until the cache
+    drops it); a step's trace closes over the step, its object and the objects passed to
+    it. The function returned forwards to ``fn`` until released, then holds nothing.
+
+    >>> forward, release = released(lambda x: x + 1)
+    >>> forward(1)
+    2
+    >>> release(); forward.__closure__[0].cell_contents
+    []
+    """
+    box = [fn]
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return box[0](*args, **kwargs)
+
+    return forward, box.clear
+
+
 def example(x: Any, mapped: bool) -> Any:
     """The abstract value of one replica's part of ``x`` (a row when ``mapped``)."""
     spec = _spec(x)
@@ -158,6 +180,7 @@ class Staged(Calls):
         self.num_inputs = len(chains)
         # nothing to fetch, compare or place on a call: `inputs` ends after its checks
         self._nothing = not (chains or self._aliases or self._outs)
+        self._fed_arrays = list  # (what read the fed elements held the call: not kept)
 
     def _lift(self, fn: Callable, closed: Any, outputs: Callable, before: dict, nested: list):
         """The arrays read from state that are constants of the trace become inputs (and
@@ -260,15 +283,17 @@ class Staged(Calls):
 
         specs = [a if isinstance(a, jax.ShapeDtypeStruct) else _spec(a) for _, a in swaps]
         specs += [_promote.spec(_chains.fetch(fn, c)) for c in numbers]
-        make = jax.make_jaxpr(traced, axis_env=axis_env or [])
-        if not numbers:
-            return make(*examples, *specs), ()
-        if not fallback:
-            return make(*examples, *specs), tuple(numbers)
+        forward, release = released(traced)
+        make = jax.make_jaxpr(forward, axis_env=axis_env or [])
         try:
-            return make(*examples, *specs), tuple(numbers)
-        except Exception:  # noqa: BLE001 - the step needs a number's value: keep it static
-            return self._trace_static(fn, body, examples, axis_env, numbers, swaps)
+            if not numbers or not fallback:
+                return make(*examples, *specs), tuple(numbers)
+            try:
+                return make(*examples, *specs), tuple(numbers)
+            except Exception:  # noqa: BLE001 - the step needs a number's value: keep it static
+                return self._trace_static(fn, body, examples, axis_env, numbers, swaps)
+        finally:
+            release()
 
     def _take_assigned(self, fn: Callable, before: dict, skip: set) -> list:
         """What the traced function assigned into its state (``self.params = new``): the
