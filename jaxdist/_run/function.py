@@ -67,9 +67,9 @@ def _static_key(value: Any, index: int) -> Hashable:
         return (type(value), _arguments.key(value))
     except TypeError:
         raise TypeError(
-            f"jd.function arguments must be arrays, numbers, distributed values or hashable "
-            f"Python objects; leaf {index} is an unhashable {type(value).__name__}. Convert "
-            "it to an array, or keep it on the function's object or closure."
+            f"jd.function arguments must be arrays, numbers, distributed values, objects or "
+            f"hashable Python values; leaf {index} is an unhashable {type(value).__name__}. "
+            "Convert it to an array, or keep it on the function's object or closure."
         ) from None
 
 

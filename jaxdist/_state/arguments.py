@@ -7,8 +7,9 @@ trace, by identity; but the arrays and numbers it holds are state like ``self.w`
 at every call, and what the step assigns there written back. The places of a step's
 state are chains from one root (`jaxdist._state.chains`); a call with such objects is
 walked and read from `root`: the step function with those objects, one `StepArguments`
-(a ``functools.partial`` never called: its function is the step, its arguments the
-objects, so the walk, `chains.fetch` and `assign` know it already). The compiled steps
+(a ``functools.partial`` whose function is the step and whose arguments are the objects,
+so the walk, `chains.fetch` and `assign` know it already; called, it is the step, the
+objects not prepended). The compiled steps
 stay cached on the step function itself (the objects are in their key), so a new root
 per call costs one small object.
 
