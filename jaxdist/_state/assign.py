@@ -33,6 +33,7 @@ import numpy as np
 from jaxdist._base import jax_internals as _jax_internals
 from jaxdist._state import capture as _capture
 from jaxdist._state import chains as _chains
+from jaxdist._state import opened as _opened
 from jaxdist._state import peek as _peek
 from jaxdist._state.chains import Chain
 
@@ -280,13 +281,14 @@ def take_assigned(
     now = dict(_capture.walk(fn, set()))
     places = assigned(fn, before, ours, skip, now)
     check(fn, places)
-    _refuse_hidden(fn, places, ours)
+    holds = functools.partial(_holds, ours=ours, depth=3)
+    _refuse_hidden(fn, places, ours, holds)
     if constants:
         places += constant_places(before, now, skip, places)
     records: list = []
     out: list = []
     for chain, _, new in places:
-        leaves, treedef = jax.tree.flatten(new)
+        leaves, treedef = _opened.flatten(new, holds)
         traced = [ours(x) for x in leaves]
         records.append((chain, treedef, [None if t else x for x, t in zip(leaves, traced)]))
         out += [x for x, t in zip(leaves, traced) if t]
@@ -332,13 +334,14 @@ def _a_slot(obj: Any, chain: Chain) -> bool:
 _CONSTANT_PLACES = frozenset(("attr", "getattr", "global", "cell", "fattr", "item"))
 
 
-def _refuse_hidden(fn: Callable, places: list, ours: Callable[[Any], bool]) -> None:
+def _refuse_hidden(fn: Callable, places: list, ours: Callable, holds: Callable) -> None:
     """Raises (the state put back first) where an assigned value holds a value the trace
-    computed inside an object JAX does not see into (an unregistered dataclass): it cannot
-    be written back, and would leave a dead tracer in the user's object."""
+    computed inside an object JAX does not see into (a plain class; a plain dataclass is
+    opened, `jaxdist._state.opened`): it cannot be written back, and would leave a dead
+    tracer in the user's object."""
     for chain, _, new in places:
-        for leaf in jax.tree.leaves(new):
-            if not ours(leaf) and _holds(leaf, ours, 3):
+        for leaf in _opened.flatten(new, holds)[0]:
+            if not ours(leaf) and holds(leaf):
                 where, kind = _chains.describe(fn, chain), type(leaf).__name__
                 restore(fn, [(c, old) for c, old, _ in places])
                 raise RuntimeError(
@@ -351,7 +354,7 @@ def _refuse_hidden(fn: Callable, places: list, ours: Callable[[Any], bool]) -> N
                 )
 
 
-def _holds(obj: Any, ours: Callable[[Any], bool], depth: int) -> bool:
+def _holds(obj: Any, *, ours: Callable[[Any], bool], depth: int) -> bool:
     """Whether ``obj``'s own attributes (or a container's items) reach a value ``ours``
     accepts, within ``depth`` links (no user code runs)."""
     if depth == 0 or _peek.is_a(obj, (str, bytes, int, float, complex, np.ndarray, jax.Array)):
@@ -362,7 +365,7 @@ def _holds(obj: Any, ours: Callable[[Any], bool], depth: int) -> bool:
         kids = list(obj)
     elif _peek.is_a(obj, dict):
         kids = list(dict.values(obj))
-    return any(ours(k) or _holds(k, ours, depth - 1) for k in kids)
+    return any(ours(k) or _holds(k, ours=ours, depth=depth - 1) for k in kids)
 
 
 def number_places(before: dict[Chain, Any], swapped: Any) -> set:
