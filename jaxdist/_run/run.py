@@ -58,7 +58,7 @@ from jaxdist._state import promote as _promote
 from jaxdist._state import recheck as _recheck
 from jaxdist._state import replica as _replica
 from jaxdist._state import varying as _varying
-from jaxdist._state.frozen import warn_frozen
+from jaxdist._state.frozen import lists_read, warn_frozen
 from jaxdist._state.replica import Replica
 from jaxdist._state.stage import Staged, example, released
 from jaxdist._values.layout import parts
@@ -453,17 +453,18 @@ def _traced_map(fn: Callable, replicas: Replicas, body: Callable, axes: tuple, a
     spmd = _compile.spmd if replicas.multi_process else _compile.pmap
     fake = _compile.is_fake_pmap()
     one = replicas.num == 1 and not replicas.multi_process and not fake
+    lists = lists_read(fn) if not _context.in_function() else None
     if one or fake:
         examples = [example(x, ax == 0) for x, ax in zip(args, axes)]
         closed = jax.make_jaxpr(body, axis_env=[(AXIS, replicas.num)])(*examples)
-        warn_frozen(fn, closed)
+        warn_frozen(fn, closed, lists)
         replay = jaxpr_as_fun(closed)
         mapped = [ax == 0 for ax in axes]
         varies = lambda: _varying.varying(closed.jaxpr, mapped, AXIS)  # noqa: E731
         outs = (_one_replica.vmapped(replay, axes) if one else spmd(replay, replicas, axes))(*args)
         return outs, varies
     closed = jax.make_jaxpr(spmd(body, replicas, axes))(*args)
-    warn_frozen(fn, closed)
+    warn_frozen(fn, closed, lists)
     return jaxpr_as_fun(closed)(*args), lambda: _varying.of_map(closed.jaxpr, AXIS)
 
 

@@ -27,6 +27,7 @@ from jaxdist._base.layout import is_tracer
 from jaxdist._base.validate import describe
 from jaxdist._state import capture as _capture
 from jaxdist._state import chains as _chains
+from jaxdist._state import peek as _peek
 from jaxdist._state import watch as _watch
 
 
@@ -53,12 +54,29 @@ def check_not_stacked(fn: Callable, chains: list, consts: list) -> None:
 _HERE = os.path.dirname(os.path.abspath(sys.modules[__name__.partition(".")[0]].__file__ or ""))
 
 
-def warn_frozen(fn: Callable, closed: Any) -> None:
+def lists_read(fn: Callable) -> dict:
+    """The lengths of the lists whose entries ``fn``'s state holds, by chain, taken before
+    a trace: `warn_frozen` names the entries of a list the trace did not grow (settings,
+    not a log the step appends to)."""
+    out = {}
+    for chain, _, _ in _watch.watch(fn):
+        if _indexed(chain) and chain[:-1] not in out:
+            try:
+                parent = _chains.fetch(fn, chain[:-1])
+            except _chains.Gone:
+                continue
+            if _peek.is_a(parent, list):
+                out[chain[:-1]] = list.__len__(parent)
+    return out
+
+
+def warn_frozen(fn: Callable, closed: Any, lists: dict | None = None) -> None:
     """Warns naming the arrays of ``fn``'s state that its step's trace ``closed`` (made
     inside a user's compile) reads: each is a constant of that compile (in
     ``jd.function``'s trace, an input it reads afresh: no warning). Raises where the step
     reads a distributed value of its state as the array of all its components, as an
-    eager step does.
+    eager step does. ``lists``: `lists_read` before the trace (the entries of those lists
+    the trace did not grow are named too).
 
     >>> import warnings, jax, jax.numpy as jnp, jaxdist as jd
     >>> s = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -69,8 +87,7 @@ def warn_frozen(fn: Callable, closed: Any) -> None:
     >>> any("the state it reads (box['w'])" in str(w.message) for w in seen)
     True
     """
-    step = _chains.step_of(fn)  # (a call's root with its argument objects: its step)
-    code = getattr(getattr(step, "__func__", step), "__code__", None)
+    code = _chains.code_of(fn)  # (a call's root with its argument objects: its step's)
     if code is not None and code.co_filename.startswith(_HERE):
         return  # jaxdist's own steps (Keras') pass their state as arguments
     consts = [
@@ -86,11 +103,11 @@ def warn_frozen(fn: Callable, closed: Any) -> None:
     found = [_chains.describe(fn, c) for c in chains if c is not None]
     found += [  # Python values of the state held by a name (``self.lr``, ``box["lr"]``,
         # ``self.training``, ``self.phase``, ``cfg.lr`` of a namedtuple): baked in as well
-        # (not entries of a list: a log the step appends to)
+        # (not entries of a list the trace grew: a log the step appends to)
         _chains.describe(fn, chain)
         for chain, value, how in _watch.watch(fn)
         if _baked(value, how)
-        and not (_indexed(chain) and not _in_tuple(fn, chain))
+        and not (_indexed(chain) and not _in_tuple(fn, chain) and not _kept(fn, chain, lists))
         and not _library_held(fn, chain)
     ]
     if not found:
@@ -115,6 +132,18 @@ def _baked(value: Any, how: str) -> bool:
     if how == "value":
         return type(value) in (int, float, bool, str) or isinstance(value, np.generic)
     return how in ("member", "set")
+
+
+def _kept(fn: Callable, chain: Any, lists: dict | None) -> bool:
+    """Whether the value at ``chain`` is an entry of a list the trace read and did not grow
+    or shrink (`lists_read`)."""
+    if not lists or chain[:-1] not in lists:
+        return False
+    try:
+        parent = _chains.fetch(fn, chain[:-1])
+    except _chains.Gone:
+        return False
+    return _peek.is_a(parent, list) and list.__len__(parent) == lists[chain[:-1]]
 
 
 def _in_tuple(fn: Callable, chain: Any) -> bool:

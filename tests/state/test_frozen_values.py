@@ -1,7 +1,8 @@
 """Python values of a step's state that a user's own ``jax.jit`` bakes in are named (issue
-46): a bool, a string, an Enum member, a set, a NumPy number and the entries of a tuple or
-namedtuple the step branches on or computes with, as arrays and Python numbers were. The
-answer itself is JAX's (the first value, baked); the warning names the place and the fix."""
+46): a bool, a string, an Enum member, a set, a NumPy number, the entries of a tuple or
+namedtuple and those of a list the trace did not grow, that the step branches on or computes
+with, as arrays and Python numbers were. The answer itself is JAX's (the first value, baked);
+the warning names the place and the fix."""
 
 import collections
 import enum
@@ -22,6 +23,7 @@ VALUES = {  # name: (value, how the step uses it)
     "frozen": ({"a"}, lambda v, t: t if "a" in v else -t),
     "scale": (np.float32(2.0), lambda v, t: t * v),
     "cfg": (Cfg(0.5, 0.9), lambda v, t: t * v.lr),
+    "schedule": ([0.5, 0.25], lambda v, t: t * v[0]),  # a list the step reads, not grows
 }
 
 

@@ -544,33 +544,7 @@ ITEMS += [(r, k, 2) for r in ("attr", "global") for k in ("array", "int", "bool"
 ITEMS += [(r, k, 8) for r in ("attr",) for k in ("array", "float")]
 
 # Known failures (jaxdist bugs, issue 46), grouped by cause; each must still fail.
-KNOWN_IDS: dict[str, list[str]] = {  # why: the combinations (cid) failing for it
-    "under a plain jax.jit, the numbers in a list are baked in without a warning naming them (a list the step appends to is a log, not named: a list read as settings is not told apart)": [
-        "argobj-list-rebind-jit-r1",
-        "attr-list-rebind-jit-r1",
-        "global-list-rebind-jit-r1",
-    ],
-    "an unregistered dataclass the jd.function assigns (a new object with numbers computed from the old): its numbers stay part of the trace, a trace per new value": [
-        "argobj-plaindc-inplace-assign-r1",
-        "argobj-plaindc-rebind-assign-r1",
-        "attr-plaindc-inplace-assign-r1",
-        "attr-plaindc-rebind-assign-r1",
-        "cell-plaindc-inplace-assign-r1",
-        "cell-plaindc-rebind-assign-r1",
-        "dict-plaindc-inplace-assign-r1",
-        "dict-plaindc-rebind-assign-r1",
-        "global-plaindc-inplace-assign-r1",
-        "global-plaindc-rebind-assign-r1",
-        "method-plaindc-inplace-assign-r1",
-        "method-plaindc-rebind-assign-r1",
-        "nested-plaindc-inplace-assign-r1",
-        "nested-plaindc-rebind-assign-r1",
-        "super-plaindc-inplace-assign-r1",
-        "super-plaindc-rebind-assign-r1",
-        "wraps-plaindc-inplace-assign-r1",
-        "wraps-plaindc-rebind-assign-r1",
-    ],
-}
+KNOWN_IDS: dict[str, list[str]] = {}  # why: the combinations (cid) failing for it (none now)
 
 KNOWN = {c: why for why, ids in KNOWN_IDS.items() for c in ids}
 
