@@ -7,6 +7,7 @@ called before any work starts.
 from __future__ import annotations
 
 import enum
+import types
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -105,6 +106,32 @@ def check_bool(value: Any, name: str) -> None:
         raise TypeError(f"{name} must be a bool; got {type(value).__name__} {value!r}.")
 
 
+_FUNCTIONS = (types.FunctionType, types.MethodType, types.BuiltinFunctionType)
+
+
 def describe(fn: Callable) -> str:
-    """A short name of a user function for messages."""
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    """A short name of a user function for messages (a callable object's own ``__qualname__``
+    or ``__name__``, else its class's: its ``__getattr__`` and ``__repr__`` never run).
+
+    >>> class Step:
+    ...     def __getattr__(self, name):
+    ...         raise RuntimeError("user code")
+    ...     def __call__(self, x):
+    ...         return x
+    >>> describe(describe), describe(Step())
+    ('describe', 'Step object')
+    """
+    if type(fn) in _FUNCTIONS:
+        return fn.__qualname__
+    for name in ("__qualname__", "__name__"):
+        try:  # (the generic lookup: no ``__getattr__`` fallback)
+            found = object.__getattribute__(fn, name)
+        except Exception:  # noqa: BLE001 - not there, or a descriptor that failed
+            continue
+        if isinstance(found, str) and found:
+            return found
+    kind = type(fn)
+    return f"{kind.__qualname__} object" if kind.__flags__ & _HEAP else repr(fn)
+
+
+_HEAP = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (not a built-in)

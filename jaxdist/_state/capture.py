@@ -28,6 +28,7 @@ docs/guides/state.md). Python numbers read by a name the code computes
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 import threading
 import types
@@ -46,7 +47,20 @@ from jaxdist._state.chains import Chain
 from jaxdist._values.values import DistributedValues
 
 MAX_NODES = 200_000  # objects looked at per trace; past it, a warning (`locate_all`)
-_OPAQUE = (types.ModuleType, types.BuiltinFunctionType, str, bytes, int, float, complex)
+# not looked into: the standard library's logging objects as well (a logger's caches and
+# handlers change when the host logs; they are never a step's state)
+_OPAQUE = (
+    types.ModuleType,
+    types.BuiltinFunctionType,
+    str,
+    bytes,
+    int,
+    float,
+    complex,
+    logging.Filterer,
+    logging.LoggerAdapter,
+    logging.Manager,
+)
 
 
 # chain steps whose string value may be an attribute name the code reads by

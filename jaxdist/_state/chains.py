@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import types
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, cast
@@ -134,6 +135,18 @@ class StepArguments(functools.partial):
 def step_of(fn: Callable) -> Callable:
     """The step function of a root (``fn`` itself when it is one)."""
     return fn.func if type(fn) is StepArguments else fn
+
+
+def code_of(fn: Callable) -> types.CodeType | None:
+    """The code of a root's step (a function's, a bound method's function's); None for a
+    callable object (its attributes are not read: a ``__getattr__`` would run).
+
+    >>> code_of(step_of).co_name, code_of(len)
+    ('step_of', None)
+    """
+    fn = step_of(fn)
+    fn = fn.__func__ if type(fn) is types.MethodType else fn
+    return fn.__code__ if type(fn) is types.FunctionType else None
 
 
 def fetch(fn: Callable, chain: Chain) -> Any:

@@ -48,17 +48,17 @@ def function_key(fn: Callable, strict: bool = False, depth: int = 0) -> tuple:
     False
     """
     fn = step_of(fn)  # (a call's root with its argument objects: its step)
-    fn = getattr(fn, "__func__", fn)
+    fn = fn.__func__ if type(fn) is types.MethodType else fn
+    if type(fn) is not types.FunctionType:  # (a callable object: no user attribute is read)
+        return (None, id(None), ())
     cells = []
-    for cell in getattr(fn, "__closure__", None) or ():
+    for cell in fn.__closure__ or ():
         try:
             cells.append(cell.cell_contents)
         except ValueError:  # an empty cell
             continue
-    held = cells + list(getattr(fn, "__defaults__", None) or ())
-    code = getattr(fn, "__code__", None)
-    globs = getattr(fn, "__globals__", None)
-    return (code, id(globs), tuple(_captured_key(v, strict, depth) for v in held))
+    held = cells + list(fn.__defaults__ or ())
+    return (fn.__code__, id(fn.__globals__), tuple(_captured_key(v, strict, depth) for v in held))
 
 
 def captures_nothing(fn: Callable) -> bool:
@@ -71,7 +71,9 @@ def captures_nothing(fn: Callable) -> bool:
     """
     f = step_of(fn)  # (a call's root with its argument objects: its step)
     f = f.__func__ if type(f) is types.MethodType else f
-    return getattr(f, "__closure__", None) is None and not getattr(f, "__defaults__", None)
+    if type(f) is not types.FunctionType:  # (a callable object: none, no user code run)
+        return True
+    return f.__closure__ is None and not f.__defaults__
 
 
 def _captured_key(value: Any, strict: bool, depth: int) -> Any:

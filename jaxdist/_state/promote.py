@@ -72,8 +72,7 @@ def like(old: Any, value: Any) -> Any:
 
 
 def _code(fn: Callable) -> Any:
-    fn = _chains.step_of(fn)  # (a call's root with its argument objects: its step's code)
-    return getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return _chains.code_of(fn)  # (a call's root with its argument objects: its step's code)
 
 
 def _remembered(table: collections.OrderedDict, code: Any) -> set:

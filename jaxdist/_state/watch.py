@@ -282,7 +282,7 @@ def _plain_callable(value: Any) -> bool:
 
 
 def _code_strings(fn: Callable) -> set:
-    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    code = _chains.code_of(fn)
     return set() if code is None else {c for c in code.co_consts if _peek.is_a(c, str)}
 
 
