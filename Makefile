@@ -46,7 +46,7 @@ test: $(STAMP)
 # state tracking misses fails a test even where the test's own expected value is wrong. CI runs it.
 CHECKED_TESTS := tests/state/test_state_*.py tests/state/test_captured_state.py \
 	tests/state/test_replica_state.py tests/state/test_function_routes.py tests/state/test_recheck.py \
-	tests/state/test_argument_state.py \
+	tests/state/test_argument_state.py tests/state/test_step_objects.py \
 	tests/run/test_function.py tests/run/test_function_outputs.py
 test-checked: $(STAMP)
 	JAXDIST_CHECK_STATE=1 JAXDIST_REQUIRE_DEV=1 $(PY) -m pytest -q $(PARALLEL) $(CHECKED_TESTS)

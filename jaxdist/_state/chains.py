@@ -170,6 +170,16 @@ def describe_safely(fn: Callable, chain: Chain) -> str:
         return repr(chain)
 
 
+def _name(obj: Any) -> str:
+    """A function's, class's or module's ``__name__``; "fn" for anything else (a callable
+    object's ``__getattr__`` is not asked)."""
+    if type(obj) in (types.FunctionType, types.MethodType, types.ModuleType) or isinstance(
+        obj, type
+    ):
+        return obj.__name__
+    return "fn"
+
+
 def describe(fn: Callable, chain: Chain) -> str:
     """``chain`` as Python source would read it (``self.model.params['w']``)."""
     out, obj = "", cast(Any, fn)
@@ -185,11 +195,11 @@ def describe(fn: Callable, chain: Chain) -> str:
         elif kind in ("default", "kwdefault", "parg", "pkw"):
             out = f"{'default' if 'default' in kind else 'partial'} argument {key!r}"
         elif kind in ("attr", "getattr", "fattr"):
-            out = (out or getattr(obj, "__name__", "fn")) + f".{key}"
+            out = (out or _name(obj)) + f".{key}"
         elif kind == "meth":  # (a base's definition: what ``super()`` reaches)
-            out = (out or getattr(obj, "__name__", "fn")) + f".{key[0]}" + " of a base" * key[1]
+            out = (out or _name(obj)) + f".{key[0]}" + " of a base" * key[1]
         elif kind == "wrapped":
-            out = (out or getattr(obj, "__name__", "fn")) + ".__wrapped__"
+            out = (out or _name(obj)) + ".__wrapped__"
         elif kind == "item":
             out += f"[{key!r}]"
         elif kind == "child":
