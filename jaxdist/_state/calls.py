@@ -346,7 +346,7 @@ class Calls:
     def _place(self, k: int, v: Any, place: Callable[[Any], Any]) -> Any:
         if not isinstance(v, jax.Array):
             return place(v)
-        return _placed.placed(v, place)
+        return _placed.placed(v, place, (id(self), k))  # (this trace's k-th array input)
 
     def output(self, fn: Callable, value: Any) -> Any:
         """An untraced output ``value`` of the trace, as ``fn``'s state holds it now."""

@@ -3,8 +3,10 @@
 An eager step reads its state's JAX arrays afresh on every call and puts them where
 its program reads them (`jaxdist._state.stage.Staged.inputs`: replicated on the replicas).
 JAX arrays are immutable, so a placed copy is current while the state holds the same
-array: it is kept as long as that array lives (a weak reference to it drops the copy
-with it), once per placement, whatever the argument signature of the trace that
+array: it is kept while a place of the state holds that array (``slot``: when the place
+holds another array, the old one's copy goes, though the program kept the old array, as
+a list of the last weights does) and never past the array (a weak reference to it drops
+the copy with it), once per placement, whatever the argument signature of the trace that
 reads it (six batch shapes over one state: one copy, not six).
 """
 
@@ -19,18 +21,49 @@ from typing import Any
 import jax
 
 
-def placed(v: jax.Array, place: Callable[[Any], Any]) -> Any:
+def placed(v: jax.Array, place: Callable[[Any], Any], slot: Hashable = None) -> Any:
     """``place(v)``, kept while ``v`` lives and shared by every trace that reads it (one
     copy of the state per placement, not one per argument signature); JAX arrays are
-    immutable, so a kept copy is current while the state holds ``v``.
+    immutable, so a kept copy is current while the state holds ``v``. ``slot``: the place
+    of the state ``v`` was read from; once every slot that held ``v`` holds another array,
+    ``v``'s copies go (a list of old weights keeps the arrays, not a copy per device).
 
     >>> import jax.numpy as jnp
     >>> def put(v):
     ...     return v * 1
-    >>> w = jnp.ones(3)
-    >>> placed(w, put) is placed(w, put)
+    >>> w, w2 = jnp.ones(3), jnp.zeros(3)
+    >>> placed(w, put, "w") is placed(w, put, "w")
     True
+    >>> first = placed(w, put, "w")
+    >>> _ = placed(w2, put, "w")  # the place holds another array: w's copy goes
+    >>> placed(w, put, "w") is first
+    False
     """
+    found = _copy(v, place)
+    if slot is not None:
+        _hold(slot, v)
+    return found
+
+
+def _hold(slot: Hashable, v: jax.Array) -> None:
+    """Records that ``slot`` holds ``v`` now; the array it held before loses its copies
+    where no slot holds it any more."""
+    before = _HELD.get(slot)
+    if before == id(v):
+        return
+    _HELD[slot] = id(v)
+    _HOLDERS.setdefault(id(v), set()).add(slot)
+    if before is None:
+        return
+    holders = _HOLDERS.get(before)
+    if holders is not None:
+        holders.discard(slot)
+        if not holders:
+            del _HOLDERS[before]
+            _PLACED.pop(before, None)
+
+
+def _copy(v: jax.Array, place: Callable[[Any], Any]) -> Any:
     entry = _PLACED.get(id(v))
     key = None
     if entry is not None and entry[0]() is v:
@@ -54,12 +87,17 @@ def placed(v: jax.Array, place: Callable[[Any], Any]) -> Any:
 
 
 _PLACED: dict[int, tuple[weakref.ref, dict]] = {}  # id(array) -> (its reference, copies)
+_HELD: dict[Hashable, int] = {}  # slot -> id(the array it holds)
+_HOLDERS: dict[int, set] = {}  # id(array) -> the slots holding it
 
 
 def _forget(key: int, ref: weakref.ref) -> None:
     entry = _PLACED.get(key)
     if entry is not None and entry[0] is ref:  # not a newer array with the same id
         del _PLACED[key]
+    for slot in _HOLDERS.pop(key, ()):
+        if _HELD.get(slot) == key:
+            del _HELD[slot]
 
 
 def _place_key(place: Callable) -> Hashable:

@@ -288,6 +288,26 @@ def test_argument_shapes_share_one_placed_copy_of_the_state(strat):
     assert len(big) <= 2  # t.w, and its copy placed on the replicas (one, not six)
 
 
+def test_kept_old_weights_do_not_keep_their_placed_copies(strat):
+    """A loop keeping its last 5 weights (``history.append(t.w)``): each kept array kept its
+    copy placed on the replicas (a copy per device each), though the state held another;
+    the copy lives while a place of the state holds the array."""
+    gc.collect()
+    earlier = {id(a) for a in jax.live_arrays() if a.shape == (128, 1024)}
+    t = Actor()
+    t.w = jnp.zeros((128, 1024), jnp.float32)
+    step = lambda x: t.w[0, 0] + total(x)  # noqa: E731
+    history, x = [], ones_batch(strat)
+    for i in range(6):
+        assert run_local(strat, step, x) == 8.0 + i
+        history = (history + [t.w])[-5:]
+        t.w = t.w + 1.0
+    gc.collect()
+    big = [a for a in jax.live_arrays() if a.shape == (128, 1024) and id(a) not in earlier]
+    # the 5 kept, t.w, and the copy of the last array the step read (one, not six)
+    assert len(big) <= 7, len(big)
+
+
 class Explained:
     def __init__(self):
         self.params = {"w": jnp.ones(())}
