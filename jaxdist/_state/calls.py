@@ -219,7 +219,8 @@ class Calls:
         if self._rows and self._replica is not None:  # distributed values: their rows
             for k, row in enumerate(self._rows):
                 if row:
-                    out[p + k] = _replica.stacked_of(out[p + k], self._replica.num)
+                    chain = self._swaps[k][0]
+                    out[p + k] = _replica.stacked_of(out[p + k], self._replica.num, fn, chain)
         for n, kind, chain in zip(out, self._types, self._numbers):
             if type(n) is not kind:
                 where = _chains.describe(fn, chain)

@@ -247,7 +247,11 @@ def places(fn: Callable, num: int) -> list[tuple[Chain, Any]]:
     named: set[str] = set()
     found: list[tuple[Chain, Any]] = []
     for chain, value in _capture.walk(fn, named):
-        if not _peek.is_a(value, DistributedValues) or any(chain[: len(c)] == c for c, _ in found):
+        if any(chain[: len(c)] == c for c, _ in found):
+            continue
+        if _peek.is_a(value, jax.Array) and not _peek.is_a(value, DistributedValues):
+            value = on_read_rows(fn, chain, value, num)  # (a plain value of an on-read variable)
+        if not _peek.is_a(value, DistributedValues):
             continue
         if _readable(value, num) and _capture.is_named(chain, named):
             if not _assign.can_replace(fn, chain):  # (read whole: named as before)
@@ -256,15 +260,39 @@ def places(fn: Callable, num: int) -> list[tuple[Chain, Any]]:
     return found
 
 
+def on_read_rows(fn: Callable, chain: Chain, value: Any, num: int) -> Any:
+    """``value``, a plain array at ``chain``, as the `SyncOnRead` its replicas read where the
+    place is a sync-on-read variable's (`rule`): a value the host assigned there (a
+    metric's ``reset_state``, a restored total), which TF spreads over the replicas as
+    ``value / num`` each for ``SUM`` (so that the sum read back is the value) and ``value``
+    each for ``MEAN`` and ``ONLY_FIRST_REPLICA``. Anything else: ``value`` itself."""
+    try:
+        owner = _chains.fetch(fn, chain[:-1]) if chain else None
+    except _chains.Gone:
+        return value
+    if owner is None or _peek.type_lookup(type(owner), "synchronization") is None:
+        return value  # (not a variable: its settings are not read)
+    how = rule(fn, chain)
+    if how is None or not how.startswith("on_read:"):
+        return value
+    agg = how.split(":", 1)[1]
+    row = value / num if agg == "sum" and num > 1 else value
+    row = row.astype(value.dtype) if row.dtype != value.dtype else row  # (TF casts back)
+    return _ON_READ[agg].from_stacked(jnp.broadcast_to(row, (num, *jnp.shape(value))))
+
+
 def row_spec(value: Any) -> jax.ShapeDtypeStruct:
     """One replica's row of a distributed value's stacked array, abstractly."""
     data = stacked(value)
     return jax.ShapeDtypeStruct(data.shape[1:], data.dtype)
 
 
-def stacked_of(value: Any, num: int) -> Any:
+def stacked_of(value: Any, num: int, fn: Any = None, chain: Chain = ()) -> Any:
     """The stacked array a place's distributed value is read from on a call (`NOT_STACKED`
-    when the place holds something else now: the trace does not fit)."""
+    when the place holds something else now: the trace does not fit). A plain array at a
+    sync-on-read variable's place (``fn``'s ``chain``) is read as `on_read_rows` gives it."""
+    if fn is not None and _peek.is_a(value, jax.Array) and not is_distributed(value):
+        value = on_read_rows(fn, chain, value, num)
     if is_distributed(value) and _readable(value, num):
         return stacked(value)
     return NOT_STACKED
