@@ -49,7 +49,6 @@ NO_EXAMPLES = {
     "jaxdist._collective.reduce",
     "jaxdist._partial.replay",
     "jaxdist._run.run",
-    "jaxdist._base.validate",
 }
 
 
