@@ -53,6 +53,7 @@ from jaxdist._collective.replica_context import compiled_collectives, make_repli
 from jaxdist._partial import ragged as _ragged
 from jaxdist._program import compile as _compile
 from jaxdist._program import one_replica as _one_replica
+from jaxdist._state import aggregation as _aggregation
 from jaxdist._state import arguments as _held_args
 from jaxdist._state import promote as _promote
 from jaxdist._state import recheck as _recheck
@@ -379,7 +380,7 @@ def _written(a: Any, varies: bool, how: str | None = None) -> Any:
     call: as its variable keeps it (``how``: `jaxdist._state.replica.rule`), else a
     `PerReplica` where replicas differ, else the one value (the first row)."""
     first = (lambda x: x[0]) if is_tracer(a) else _first_row
-    kept = _replica.kept(a, varies, how, first)
+    kept = _aggregation.kept(a, varies, how, first)
     if kept is not None:
         return kept
     return from_stacked(a) if varies else first(a)

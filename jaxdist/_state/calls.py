@@ -29,6 +29,7 @@ import numpy as np
 
 from jaxdist._base.layout import is_tracer
 from jaxdist._base.validate import describe
+from jaxdist._state import aggregation as _aggregation
 from jaxdist._state import assign as _assign
 from jaxdist._state import chains as _chains
 from jaxdist._state import checks as _checks
@@ -145,7 +146,7 @@ class Calls:
         """For each output of an assigned value, its place's rule (`jaxdist._state.replica.
         rules`), found on the first call of this trace."""
         if self._place_rules is None:
-            self._place_rules = _replica.rules(fn, self._assigned)
+            self._place_rules = _aggregation.rules(fn, self._assigned)
         return self._place_rules
 
     _place_rules: list | None = None

@@ -45,9 +45,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxdist._base.validate import describe
+from jaxdist._state import aggregation as _aggregation
 from jaxdist._state import assign as _assign
 from jaxdist._state import capture as _capture
 from jaxdist._state import chains as _chains
@@ -57,7 +57,7 @@ from jaxdist._state import varying as _varying
 from jaxdist._state.chains import Chain
 from jaxdist._values.layout import num_components, parts, stacked
 from jaxdist._values.trees import combine_parts
-from jaxdist._values.values import DistributedValues, PerReplica, is_distributed, register
+from jaxdist._values.values import DistributedValues, is_distributed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,128 +77,6 @@ class Replica:
     num: int
     mapped: tuple[bool, ...]
     written: Callable[[Any, bool, str | None], Any]
-
-
-@register
-@dataclasses.dataclass(frozen=True, eq=False, repr=False, init=False)
-class SyncOnRead(PerReplica):
-    """TF's sync-on-read variable's value (a Keras metric's total): each replica holds its
-    own and reads it in its step; read as one array (``jnp.asarray``, ``np.asarray``,
-    ``float``, Keras' ``metric.result()``), it is the replicas' aggregate: their sum.
-    ``strategy.reduce`` and ``experimental_local_results`` see its components.
-
-    >>> import jax.numpy as jnp
-    >>> v = SyncOnRead.from_stacked(jnp.asarray([1.0, 2.0, 4.0]))
-    >>> float(v), [float(x) for x in v.values], SyncOnReadMean.from_stacked(v.values[0][None]).shape
-    (7.0, [1.0, 2.0, 4.0], ())
-    """
-
-    aggregation = "sum"
-
-    def _read(self) -> Any:
-        data = stacked(self)
-        if data is None:  # components of several shapes: not one value
-            raise TypeError(f"A {type(self).__name__} of parts cannot be read as one array.")
-        if self.aggregation == "only_first_replica":
-            return data[0]
-        reduced = jnp.sum(data, axis=0) if self.aggregation == "sum" else jnp.mean(data, 0)
-        if isinstance(reduced, jax.core.Tracer) or not isinstance(data, jax.Array):
-            return reduced
-        return jnp.asarray(np.asarray(reduced))  # one host value, on the default device
-
-    def __jax_array__(self) -> Any:
-        return self._read()
-
-    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
-        return np.asarray(self._read(), dtype=dtype)
-
-    def __float__(self) -> float:
-        return float(self._read())
-
-    def __int__(self) -> int:
-        return int(self._read())
-
-    def __format__(self, spec: str) -> str:
-        return format(float(self._read()), spec) if spec else repr(self)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(stacked(self).shape[1:])
-
-    @property
-    def dtype(self) -> Any:
-        return stacked(self).dtype
-
-
-@register
-@dataclasses.dataclass(frozen=True, eq=False, repr=False, init=False)
-class SyncOnReadMean(SyncOnRead):
-    """A `SyncOnRead` read as the replicas' mean (TF's ``aggregation=MEAN``)."""
-
-    aggregation = "mean"
-
-
-@register
-@dataclasses.dataclass(frozen=True, eq=False, repr=False, init=False)
-class SyncOnReadFirst(SyncOnRead):
-    """A `SyncOnRead` read as the first replica's (TF's ``ONLY_FIRST_REPLICA``)."""
-
-    aggregation = "only_first_replica"
-
-
-_ON_READ = {"sum": SyncOnRead, "mean": SyncOnReadMean, "only_first_replica": SyncOnReadFirst}
-
-
-def rule(fn: Callable, chain: Chain) -> str | None:
-    """How a value assigned at ``chain`` is kept, by the variable that holds it (TF's and
-    Keras' ``synchronization`` and ``aggregation``, read off the object the place belongs
-    to: a Keras variable's ``_value``): ``"on_read:<aggregation>"``, an on-write
-    aggregation (``"mean"``, ``"only_first_replica"``), or None (a plain place)."""
-    try:
-        owner = _chains.fetch(fn, chain[:-1])
-    except _chains.Gone:
-        return None
-    sync, agg = _setting(owner, "synchronization"), _setting(owner, "aggregation")
-    if sync == "on_read":
-        return f"on_read:{agg if agg in _ON_READ else 'sum'}"
-    return agg if agg in ("mean", "only_first_replica") else None
-
-
-def rules(fn: Callable, records: list) -> list:
-    """`rule` for each computed leaf of assigned ``records`` (`jaxdist._state.assign.
-    take_assigned`'s), in order."""
-    return [rule(fn, chain) for chain, _, leaves in records for x in leaves if x is None]
-
-
-def _setting(owner: Any, name: str) -> str | None:
-    """A variable's public ``synchronization`` / ``aggregation`` (TF's and Keras' names;
-    the step assigned into this object, so reading it runs no code the step did not)."""
-    if _peek.is_a(owner, (dict, list, tuple)) or not _peek.is_a(owner, object):
-        return None
-    try:
-        return _name(getattr(owner, name, None))
-    except Exception:  # noqa: BLE001 - not a variable
-        return None
-
-
-def _name(value: Any) -> str | None:
-    """A Keras/TF enum or string setting as a lower-case name (``VariableAggregation.SUM``,
-    ``"sum"``); None for anything else."""
-    name = getattr(value, "name", value) if value is not None else None
-    return name.lower() if isinstance(name, str) else None
-
-
-def kept(value: Any, varies: bool, how: str | None, first: Callable) -> Any:
-    """What a place keeps of a replica step's stacked output ``value`` by its rule (`rule`):
-    a `SyncOnRead` for an on-read variable, the mean or ``first(value)`` (the first row)
-    for an on-write one that varies, else None (the caller's default)."""
-    if how is None:
-        return None
-    if how.startswith("on_read:"):
-        return _ON_READ[how.split(":", 1)[1]].from_stacked(value)
-    if not varies:
-        return None
-    return jnp.mean(value, axis=0) if how == "mean" else first(value)
 
 
 class NotStacked:
@@ -250,7 +128,7 @@ def places(fn: Callable, num: int) -> list[tuple[Chain, Any]]:
         if any(chain[: len(c)] == c for c, _ in found):
             continue
         if _peek.is_a(value, jax.Array) and not _peek.is_a(value, DistributedValues):
-            value = on_read_rows(fn, chain, value, num)  # (a plain value of an on-read variable)
+            value = _aggregation.on_read_rows(fn, chain, value, num)  # (an on-read variable)
         if not _peek.is_a(value, DistributedValues):
             continue
         if _readable(value, num) and _capture.is_named(chain, named):
@@ -258,27 +136,6 @@ def places(fn: Callable, num: int) -> list[tuple[Chain, Any]]:
                 continue
             found.append((chain, value))
     return found
-
-
-def on_read_rows(fn: Callable, chain: Chain, value: Any, num: int) -> Any:
-    """``value``, a plain array at ``chain``, as the `SyncOnRead` its replicas read where the
-    place is a sync-on-read variable's (`rule`): a value the host assigned there (a
-    metric's ``reset_state``, a restored total), which TF spreads over the replicas as
-    ``value / num`` each for ``SUM`` (so that the sum read back is the value) and ``value``
-    each for ``MEAN`` and ``ONLY_FIRST_REPLICA``. Anything else: ``value`` itself."""
-    try:
-        owner = _chains.fetch(fn, chain[:-1]) if chain else None
-    except _chains.Gone:
-        return value
-    if owner is None or _peek.type_lookup(type(owner), "synchronization") is None:
-        return value  # (not a variable: its settings are not read)
-    how = rule(fn, chain)
-    if how is None or not how.startswith("on_read:"):
-        return value
-    agg = how.split(":", 1)[1]
-    row = value / num if agg == "sum" and num > 1 else value
-    row = row.astype(value.dtype) if row.dtype != value.dtype else row  # (TF casts back)
-    return _ON_READ[agg].from_stacked(jnp.broadcast_to(row, (num, *jnp.shape(value))))
 
 
 def row_spec(value: Any) -> jax.ShapeDtypeStruct:
@@ -292,7 +149,7 @@ def stacked_of(value: Any, num: int, fn: Any = None, chain: Chain = ()) -> Any:
     when the place holds something else now: the trace does not fit). A plain array at a
     sync-on-read variable's place (``fn``'s ``chain``) is read as `on_read_rows` gives it."""
     if fn is not None and _peek.is_a(value, jax.Array) and not is_distributed(value):
-        value = on_read_rows(fn, chain, value, num)
+        value = _aggregation.on_read_rows(fn, chain, value, num)
     if is_distributed(value) and _readable(value, num):
         return stacked(value)
     return NOT_STACKED
@@ -351,7 +208,7 @@ def write_traced(
     all may)."""
     end = len(outs) - tail
     start = end - info["n_assigned"]
-    flags, how = varies(), rules(fn, info["assigned"])
+    flags, how = varies(), _aggregation.rules(fn, info["assigned"])
     it = iter(
         row(x, True if flags is None else flags[start + j], how[j])
         for j, x in enumerate(outs[start:end])
@@ -415,7 +272,7 @@ def combined(fn: Callable, records: list, columns: list, varies: list) -> list:
     """What a partial-batch step assigned, as its places keep it: ``[(chain, value)]`` from
     the ``records`` (`jaxdist._state.assign.take_assigned`'s), each computed leaf's values
     per replica (``columns``) and whether it can differ across replicas (``varies``)."""
-    how = rules(fn, records)
+    how = _aggregation.rules(fn, records)
     it = iter(_kept_column(c, v, r) for c, v, r in zip(columns, varies, how))
     return [
         (chain, treedef.unflatten([next(it) if x is None else x for x in leaves]))
@@ -427,7 +284,7 @@ def _kept_column(column: list, varies: bool, how: str | None) -> Any:
     same = len({(jnp.shape(x), jnp.result_type(x)) for x in column}) == 1
     if not same:  # (shapes per replica: each its own value)
         return combine_parts(column, None)
-    kept_value = kept(jnp.stack(column), varies, how, lambda a: a[0])
+    kept_value = _aggregation.kept(jnp.stack(column), varies, how, lambda a: a[0])
     if kept_value is not None:
         return kept_value
     return combine_parts(column, None) if varies else column[0]

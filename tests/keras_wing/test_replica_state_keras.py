@@ -21,7 +21,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxdist as jd  # noqa: E402
-from jaxdist._state.replica import SyncOnRead  # noqa: E402
+from jaxdist._state.aggregation import SyncOnRead  # noqa: E402
 
 GLOBAL = 16
 
