@@ -58,7 +58,9 @@ def lists_read(fn: Callable) -> dict:
     """The lengths of the lists whose entries ``fn``'s state holds, by chain, taken before
     a trace: `warn_frozen` names the entries of a list the trace did not grow (settings,
     not a log the step appends to)."""
-    out = {}
+    out: dict = {}
+    if _jaxdists(fn):
+        return out
     for chain, _, _ in _watch.watch(fn):
         if _indexed(chain) and chain[:-1] not in out:
             try:
@@ -87,8 +89,7 @@ def warn_frozen(fn: Callable, closed: Any, lists: dict | None = None) -> None:
     >>> any("the state it reads (box['w'])" in str(w.message) for w in seen)
     True
     """
-    code = _chains.code_of(fn)  # (a call's root with its argument objects: its step's)
-    if code is not None and code.co_filename.startswith(_HERE):
+    if _jaxdists(fn):
         return  # jaxdist's own steps (Keras') pass their state as arguments
     consts = [
         c
@@ -132,6 +133,13 @@ def _baked(value: Any, how: str) -> bool:
     if how == "value":
         return type(value) in (int, float, bool, str) or isinstance(value, np.generic)
     return how in ("member", "set")
+
+
+def _jaxdists(fn: Callable) -> bool:
+    """Whether ``fn`` (a call's root with its argument objects: its step) is one of
+    jaxdist's own steps (Keras' ``fit``'s), which pass their state as arguments."""
+    code = _chains.code_of(fn)
+    return code is not None and code.co_filename.startswith(_HERE)
 
 
 def _kept(fn: Callable, chain: Any, lists: dict | None) -> bool:
