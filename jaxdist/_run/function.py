@@ -43,6 +43,7 @@ from jaxdist._base.validate import describe, is_number
 from jaxdist._input import feeds as _feeds
 from jaxdist._input.iterators import DatasetIterator, DistributedIterator
 from jaxdist._program import compile as _compile
+from jaxdist._state import aggregation as _aggregation
 from jaxdist._state import arguments as _arguments
 from jaxdist._state import capture as _capture
 from jaxdist._state import chains as _chains
@@ -176,9 +177,17 @@ class _Program:
         examples = [example(x, False) for x in dyn]
         outputs = lambda: [x for x in info["layout"] if x is not None]  # noqa: E731
         fed = lambda: [x for _, _, e in feed.used for x in jax.tree.leaves(e)]  # noqa: E731
-        self.staged = Staged(  # (its state: ``fn``'s, and the objects in its arguments')
+        stage = lambda: Staged(  # noqa: E731 - (its state: ``fn``'s, and its arguments')
             root, body, examples, outputs=outputs, numbers=True, writes=True, fed=fed
         )
+        with _aggregation.spreading() as found:
+            self.staged = stage()
+        # a replica step read a sync-on-read variable's plain value (one the host assigned)
+        # per replica: held in that form from now on, and traced again over it (one trace
+        # for the host's value and the step's rows)
+        self.spread = _aggregation.spread(root, found) if found else []
+        if self.spread:
+            self.staged = stage()
         self.feeds = [(s, k, _element_signature(e)) for s, k, e in feed.used]
         self._info = info
         # the arrays of the state it overwrites: their buffers may hold the new values
@@ -210,6 +219,7 @@ class Function:
     def __init__(self, fn: Callable, name: str | None = None, donate_state: bool = False) -> None:
         self.python_function = fn
         self.donate_state = donate_state
+        self._spread: list = []  # (`jaxdist._state.aggregation.spread`)
         self.__name__ = name or getattr(fn, "__name__", "function")
         self.__doc__ = getattr(fn, "__doc__", None)
         self.__wrapped__ = fn
@@ -276,9 +286,13 @@ class Function:
         root = _arguments.root(fn, found, (*given, None))
         how = (tuple(kinds), statics, dyn, call, self.donate_state, root)
         build = lambda: _Program(fn, treedef, *how)  # noqa: E731
+        if self._spread:  # (on-read places the host assigned since: per replica, as traced)
+            _aggregation.respread(root, self._spread)
         entry, extra = _compile.steps.get(
             fn, full, build, lambda e: e.inputs(root, call), lambda e: e.staged
         )
+        if entry.spread and entry.spread != self._spread:
+            self._spread = list({c: (c, n) for c, n in [*self._spread, *entry.spread]}.values())
         outs = entry.program(*dyn, *extra)
         entry.staged.write_back(root, outs)
         return entry.result(root, outs)

@@ -11,19 +11,23 @@ on-read variable over the replicas as TF does.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdist._state import assign as _assign
+from jaxdist._state import capture as _capture
 from jaxdist._state import chains as _chains
 from jaxdist._state import peek as _peek
 from jaxdist._state.chains import Chain
 from jaxdist._values.layout import stacked
-from jaxdist._values.values import PerReplica, register
+from jaxdist._values.values import DistributedValues, PerReplica, register
 
 
 @register
@@ -164,6 +168,56 @@ def on_read_rows(fn: Callable, chain: Chain, value: Any, num: int) -> Any:
     if how is None or not how.startswith("on_read:"):
         return value
     agg = how.split(":", 1)[1]
+    seen = _SPREAD.get()
+    if seen is not None:  # (a jd.function's trace: it reads the place in this form too)
+        seen.append((owner, chain[-1], num))
     row = value / num if agg == "sum" and num > 1 else value
     row = row.astype(value.dtype) if row.dtype != value.dtype else row  # (TF casts back)
     return _ON_READ[agg].from_stacked(jnp.broadcast_to(row, (num, *jnp.shape(value))))
+
+
+# the on-read places a replica step traced inside a jd.function read a plain value from:
+# ``[(owner, last link, replicas)]`` (`spreading`)
+_SPREAD: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "jaxdist_spread", default=None
+)
+
+
+@contextlib.contextmanager
+def spreading() -> Iterator[list]:
+    """Within: the on-read places whose plain value a replica step's trace spread over the
+    replicas (`on_read_rows`) are collected in the list given (a `jd.function` then holds
+    them in that per-replica form, `spread`, so that the host's value and the step's rows
+    are one form of input: one trace)."""
+    found: list = []
+    token = _SPREAD.set(found)
+    try:
+        yield found
+    finally:
+        _SPREAD.reset(token)
+
+
+def spread(fn: Callable, found: list) -> list[tuple[Chain, int]]:
+    """Puts at the places `spreading` collected (found in ``fn``'s state) their values in
+    the per-replica form the replica step reads (`on_read_rows`); returns ``[(chain,
+    replicas)]`` of those places, for `respread` on later calls."""
+    links = {(id(owner), link): num for owner, link, num in found}
+    places: list[tuple[Chain, int]] = []
+    for chain, value in _capture.walk(fn, set()):
+        for (owner_id, link), num in links.items():
+            if id(value) == owner_id and (*chain, link) not in [c for c, _ in places]:
+                places.append(((*chain, link), num))
+    respread(fn, places)
+    return places
+
+
+def respread(fn: Callable, places: list[tuple[Chain, int]]) -> None:
+    """Puts a plain value the host assigned at an on-read place of ``places`` (`spread`) in
+    the per-replica form (``metric.reset_state()`` between calls)."""
+    for chain, num in places:
+        try:
+            value = _chains.fetch(fn, chain)
+        except _chains.Gone:
+            continue
+        if _peek.is_a(value, jax.Array) and not _peek.is_a(value, DistributedValues):
+            _assign.replace(fn, chain, on_read_rows(fn, chain, value, num))

@@ -70,3 +70,29 @@ def test_a_restored_metric_total_then_updated_in_the_step_reads_its_sum(how, n):
         assert float(mean.result()) == pytest.approx((4.0 + k * x.sum()) / (2.0 + k * 16))
     if how == "eager":  # the host's plain value and the step's per-replica rows: one trace
         assert jd.experimental.step_count(step) == 1
+
+
+@pytest.mark.parametrize("n", (1, 2, 3, 8))
+def test_a_metric_reset_between_epochs_keeps_one_trace_per_batch_shape(n):
+    """TF's tutorial shape under ``jd.function``: a Keras metric updated in the replica step,
+    ``reset_state()`` on the host after each epoch, a partial last batch. The host's plain
+    zeros and the step's per-replica totals are one form of input (they were two: a second
+    trace of every batch shape)."""
+    s = mirrored(n)
+    with s.scope():
+        seen = keras.metrics.Sum()
+
+    def step(x):
+        seen.update_state(x)
+        return x
+
+    f = jd.function(lambda b: s.run(step, args=(b,)))
+    x = np.arange(40, dtype=np.float32)
+    batches = [x[i : i + 16] for i in range(0, 40, 16)]  # 16, 16, 8 rows
+    data = s.experimental_distribute_dataset(batches)
+    for _ in range(3):
+        for batch in data:
+            f(batch)
+        assert float(seen.result()) == pytest.approx(float(x.sum()))
+        seen.reset_state()
+    assert f.experimental_get_tracing_count() == 2  # the two batch shapes
