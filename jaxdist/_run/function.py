@@ -219,7 +219,6 @@ class Function:
     def __init__(self, fn: Callable, name: str | None = None, donate_state: bool = False) -> None:
         self.python_function = fn
         self.donate_state = donate_state
-        self._spread: list = []  # (`jaxdist._state.aggregation.spread`)
         self.__name__ = name or getattr(fn, "__name__", "function")
         self.__doc__ = getattr(fn, "__doc__", None)
         self.__wrapped__ = fn
@@ -286,13 +285,14 @@ class Function:
         root = _arguments.root(fn, found, (*given, None))
         how = (tuple(kinds), statics, dyn, call, self.donate_state, root)
         build = lambda: _Program(fn, treedef, *how)  # noqa: E731
-        if self._spread:  # (on-read places the host assigned since: per replica, as traced)
-            _aggregation.respread(root, self._spread)
+        spread = _spread_of(fn) if _SPREAD_AT else []
+        if spread:  # (on-read places the host assigned since: per replica, as traced)
+            _aggregation.respread(root, spread)
         entry, extra = _compile.steps.get(
             fn, full, build, lambda e: e.inputs(root, call), lambda e: e.staged
         )
-        if entry.spread and entry.spread != self._spread:
-            self._spread = list({c: (c, n) for c, n in [*self._spread, *entry.spread]}.values())
+        if entry.spread and not set(entry.spread) <= set(spread):
+            _keep_spread(fn, list(dict.fromkeys([*spread, *entry.spread])))
         outs = entry.program(*dyn, *extra)
         entry.staged.write_back(root, outs)
         return entry.result(root, outs)
@@ -304,6 +304,35 @@ _CONCRETE = (
     jax.errors.TracerBoolConversionError,
 )
 _STATIC_NUMBERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # code's functions
+# the on-read places a function (a method, for its object) holds per replica, ``[(chain,
+# replicas)]`` (`jaxdist._state.aggregation.spread`): each call puts a value the host
+# assigned there since in that form before its trace is looked up. By the object's id, with
+# a weak reference to it (its ``__hash__`` is not run): (id, function) -> (reference, places)
+_SPREAD_AT: dict[tuple, tuple[weakref.ref, list]] = {}
+
+
+def _spread_key(fn: Callable) -> tuple[Any, tuple]:
+    owner = fn.__self__ if type(fn) is types.MethodType else fn
+    return owner, (id(owner), fn.__func__ if type(fn) is types.MethodType else None)
+
+
+def _spread_of(fn: Callable) -> list:
+    owner, key = _spread_key(fn)
+    found = _SPREAD_AT.get(key)
+    return found[1] if found is not None and found[0]() is owner else []
+
+
+def _keep_spread(fn: Callable, places: list) -> None:
+    owner, key = _spread_key(fn)
+
+    def forget(ref: weakref.ref) -> None:
+        if _SPREAD_AT.get(key, (None,))[0] is ref:  # (not a newer object's with that id)
+            del _SPREAD_AT[key]
+
+    try:
+        _SPREAD_AT[key] = (weakref.ref(owner, forget), places)
+    except TypeError:  # (an object without weak references: its traces are not shared)
+        return
 
 
 def function(
