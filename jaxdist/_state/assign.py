@@ -265,6 +265,7 @@ def take_assigned(
     skip: set,
     check: Callable[[Callable, list], None],
     constants: bool = False,
+    moved: list | None = None,
 ) -> tuple[list, list]:
     """What the running trace assigned into ``fn``'s state since ``before`` (`snapshot`),
     taken out: the state is put back as it was, and the values become outputs. Returns the
@@ -272,7 +273,9 @@ def take_assigned(
     computed leaves, in order. ``check(fn, places)`` may refuse what was assigned (it puts
     the state back before it raises). With ``constants``, the Python values it assigned
     that are no traced numbers (`constant_places`) are taken too, as records whose
-    leaves are those values."""
+    leaves are those values. With a ``moved`` list, the places where it put an array the
+    state held elsewhere (``self.prev = self.w``: `moved_places`) are put back and added
+    there as ``(chain, source chain)``."""
     trace = _jax_internals.current_trace()
 
     def ours(x: Any) -> bool:  # (by type first: no user code of the objects walked)
@@ -285,6 +288,10 @@ def take_assigned(
     _refuse_hidden(fn, places, ours, holds)
     if constants:
         places += constant_places(before, now, skip, places)
+    if moved is not None:  # arrays of the state the trace put at another place
+        found = moved_places(before, now, skip, places)
+        moved += [(chain, source) for chain, _, source in found]
+        restore(fn, [(chain, old) for chain, old, _ in found])
     records: list = []
     out: list = []
     for chain, _, new in places:
@@ -320,6 +327,28 @@ def constant_places(before: dict[Chain, Any], now: dict[Chain, Any], skip: set, 
         if kind == "item" and not _peek.is_a(now.get(chain[:-1]), dict):
             continue
         out.append((chain, old, value))
+    return out
+
+
+def moved_places(before: dict[Chain, Any], now: dict[Chain, Any], skip: set, places: list):
+    """The places where the running trace put a concrete array the state held at another
+    place before it (``self.prev = self.w``): ``[(chain, old, source chain)]``. The trace
+    reads that array as a constant, so the assignment is no output of it: after each call
+    the place gets what the source held when the call began (`jaxdist._state.calls`)."""
+    where = {id(v): c for c, v in before.items() if _peek.is_a(v, jax.Array)}
+    out = []
+    for chain, value in now.items():
+        if not _peek.is_a(value, jax.Array) or _peek.is_a(value, jax.core.Tracer):
+            continue
+        source = where.get(id(value))
+        old = before.get(chain, MISSING)
+        if source is None or old is value or source == chain or chain in skip:
+            continue
+        if _first_changed(chain, before, now) != chain or any(
+            chain[: len(p)] == p for p, _, _ in places
+        ):
+            continue  # (inside a new object, or one the trace computed)
+        out.append((chain, old, source))
     return out
 
 

@@ -63,6 +63,7 @@ class Calls:
     _lifted: list  # ``(const index, chain, shape, dtype)`` of the captured arrays
     _written: list  # the numbers the step wrote (`jaxdist._state.promote.Swapped`)
     _assigned: list  # ``(chain, treedef, leaves)`` of what it assigned (``writes``)
+    _moved: list  # ``(chain, source chain)``: an array of the state it put elsewhere
     _jaxpr: Any
     _types: list  # the numbers' types
     _promote: bool
@@ -95,10 +96,11 @@ class Calls:
         and the numbers it wrote that were computed on the device (the last outputs);
         those computed on the host (`jaxdist._state.hostnum`) were stored by `inputs`, and
         nothing waits for the device for them."""
-        if not self._written and not self._assigned:
+        if not self._written and not self._assigned and not self._moved:
             return
         if self._outs_assigned:  # what it returns of places it assigns, as it read them
             _READ.values = (self, {i: _chains.fetch(fn, c) for i, c in self._outs_assigned})
+        moved = [(c, _chains.fetch(fn, source)) for c, source in self._moved]  # (as read)
         end = len(outs) - len(self._written)
         pending, n = self._write_plan
         if pending:
@@ -114,6 +116,8 @@ class Calls:
             _assign.replace(fn, chain, value)
         for i in self._numbers_assigned:  # a number as the number type it was, not an array
             _promote.put_number(fn, self._numbers[i], self._types[i])
+        for chain, value in moved:  # (``self.prev = self.w``: what the source held)
+            _assign.replace(fn, chain, value)
 
     @functools.cached_property
     def _numbers_assigned(self) -> list[int]:

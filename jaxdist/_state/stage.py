@@ -258,6 +258,7 @@ class Staged(Calls):
         last inputs and the numbers the step wrote the last outputs (`jaxdist._state.hostnum`)."""
         self._written: list = []
         self._assigned: list = []
+        self._moved: list = []  # ``(chain, source chain)``: `jaxdist._state.assign.moved_places`
         chains = [c for c, _ in swaps]
 
         def traced(*args: Any) -> list:
@@ -298,7 +299,9 @@ class Staged(Calls):
     def _take_assigned(self, fn: Callable, before: dict, skip: set) -> list:
         """What the traced function assigned into its state (``self.params = new``): the
         places recorded for `write_back`, the objects put back, the new arrays returned."""
-        records, out = _assign.take_assigned(fn, before, skip, _refuse_appends, constants=True)
+        records, out = _assign.take_assigned(
+            fn, before, skip, _refuse_appends, constants=True, moved=self._moved
+        )
         self._assigned += records
         return out
 

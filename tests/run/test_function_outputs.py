@@ -95,3 +95,38 @@ def test_a_plain_object_assigned_holding_computed_values_is_named():
     with pytest.raises(RuntimeError, match=r"assigned self\.state a State .* not a pytree"):
         t.train(jnp.ones(()))
     assert float(t.state.w) == 0.0 and t.state.step == 0  # as it was: no tracer left
+
+
+@pytest.mark.parametrize("n", (1, 2, 8))
+@pytest.mark.parametrize("how", ["jd.function", "eager"])
+def test_an_array_of_the_state_put_at_another_place_is_written_back_with_one_trace(n, how):
+    """``self.prev = self.w; self.w = self.w + g``: the trace reads ``self.w`` as a constant, so
+    the assignment to ``self.prev`` was no output of it; the trace left the array there and
+    every later call traced again ("two names that held one array ... now hold two")."""
+    strategy = mirrored(n)
+
+    class T:
+        def __init__(self):
+            self.w, self.prev = jnp.ones(()), jnp.zeros(())
+
+        def step(self, x):
+            self.prev = self.w
+            self.w = self.w + 1.0
+            return x * self.w
+
+        def call(self, x):
+            return strategy.run(self.step, args=(x,))
+
+    t = T()
+    call = jd.function(t.call) if how == "jd.function" else t.call
+    x = strategy.experimental_distribute_values_from_function(lambda ctx: jnp.ones(()))
+    for k in range(4):
+        out = call(x)
+        assert float(t.prev) == 1.0 + k and float(t.w) == 2.0 + k
+        assert [float(v) for v in strategy.experimental_local_results(out)] == [2.0 + k] * n
+    traces = (
+        call.experimental_get_tracing_count()
+        if how == "jd.function"
+        else jd.experimental.step_count(t.step)
+    )
+    assert traces == 1
