@@ -14,6 +14,8 @@ has 2 simulated CPU devices. Scenarios:
 * ``stall``: worker 1 stops calling (sleeps) before a ``reduce``; both must end clearly.
 * ``scale``: a smaller ``basic`` for any number of workers (4 x 2 devices in the tests).
 * ``sweep``: the sweep's fixed multi-worker draws (`SWEEP_DRAWS`), custom-loop epochs.
+* ``state``: `train_state`: state updated inside the replica step (issue 45), eagerly and
+  under ``jd.function``.
 
 ``JAXDIST_TEST_DEVICES`` sets the devices per worker (default 2).
 
@@ -60,6 +62,54 @@ def train(strategy, jd):
         out = strategy.run(step, args=(params, batch))
         params = strategy.experimental_local_results(out)[0]
     return {k: np.asarray(v).tolist() for k, v in params.items()}
+
+
+def train_state(strategy, jd, how):
+    """`train` in TF's shape (issue 45): the parameters on a trainer, updated inside the replica
+    step from all-reduced gradients (one value), and a per-replica count of the rows each
+    replica saw (a `PerReplica`); eagerly or under ``jd.function``. Returns the parameters, the
+    count summed over the replicas, and the trace count."""
+    import jax
+    import jax.numpy as jnp
+
+    class Trainer:
+        def __init__(self):
+            self.params = {"w": jnp.zeros(3), "b": jnp.zeros(())}
+            self.seen = strategy.experimental_distribute_values_from_function(
+                lambda ctx: jnp.zeros(())
+            )
+
+        def replica_step(self, x, y):
+            def loss(p):
+                return jnp.sum((x @ p["w"] + p["b"] - y) ** 2) / GLOBAL_BATCH
+
+            grads = jd.get_replica_context().all_reduce("SUM", jax.grad(loss)(self.params))
+            self.params = jax.tree.map(lambda p, g: p - LR * g, self.params, grads)
+            self.seen = self.seen + x.shape[0]
+            return loss(self.params)
+
+        def step(self, batch):
+            return strategy.run(self.replica_step, args=batch)
+
+    t = Trainer()
+    step = jd.function(t.step) if how == "jd.function" else t.step
+    for batch in strategy.experimental_distribute_dataset(DATA):
+        step(batch)
+    traces = (
+        step.experimental_get_tracing_count()
+        if how == "jd.function"
+        else jd.experimental.step_count(t.replica_step)
+    )
+    return {
+        "params": {k: np.asarray(v).tolist() for k, v in t.params.items()},
+        "seen": float(strategy.reduce("SUM", t.seen, axis=None)),
+        "traces": traces,
+    }
+
+
+def state(s, jd, timeout):
+    """`train_state` eagerly and under jd.function, across the workers."""
+    return {how: train_state(s, jd, how) for how in ("eager", "jd.function")}
 
 
 def basic(s, jd):
@@ -484,6 +534,7 @@ def sweep(s, jd, timeout):
 
 
 SCENARIOS = {
+    "state": state,
     "sweep": sweep,
     "skip_input": skip_input,
     "empty_worker": empty_worker,

@@ -136,6 +136,27 @@ def test_training_step_agrees_with_a_single_process_mirrored_strategy(basic):
         assert r["configure"]["params"] == w0
 
 
+def test_state_updated_inside_the_replica_step_agrees_with_one_process():
+    """Issue 45 across processes: the parameters a replica step assigns from all-reduced
+    gradients (one value on every worker) and a per-replica count (a `PerReplica`), eagerly and
+    under jd.function, equal a single-process MirroredStrategy of 4 replicas."""
+    sys.path.insert(0, str(WORKER.parent))
+    try:
+        import multiworker_worker
+    finally:
+        sys.path.remove(str(WORKER.parent))
+    results = _results(_run_all({"worker": 2}, "state"))
+    local = jd.MirroredStrategy([f"/cpu:{i}" for i in range(4)])
+    rows = multiworker_worker.GLOBAL_BATCH * multiworker_worker.STEPS
+    for how in ("eager", "jd.function"):
+        reference = multiworker_worker.train_state(local, jd, how)
+        for result in results.values():
+            for k, v in reference["params"].items():
+                np.testing.assert_allclose(result[how]["params"][k], v, rtol=1e-5, atol=1e-6)
+            assert result[how]["seen"] == reference["seen"] == rows
+            assert result[how]["traces"] == 1
+
+
 def test_distributed_dataset_covers_each_global_batch_once(basic):
     rows = basic[("worker", 0)]["dataset_rows"] + basic[("worker", 1)]["dataset_rows"]
     assert sorted(rows) == list(range(24))
