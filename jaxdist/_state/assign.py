@@ -344,6 +344,8 @@ def moved_places(before: dict[Chain, Any], now: dict[Chain, Any], skip: set, pla
         old = before.get(chain, MISSING)
         if source is None or old is value or source == chain or chain in skip:
             continue
+        if old is MISSING and chain[-1][0] == "item" and type(chain[-1][1]) is int:
+            continue  # (a new list entry: an append, run at the trace as tf.function runs it)
         if _first_changed(chain, before, now) != chain or any(
             chain[: len(p)] == p for p, _, _ in places
         ):

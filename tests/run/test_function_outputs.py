@@ -130,3 +130,32 @@ def test_an_array_of_the_state_put_at_another_place_is_written_back_with_one_tra
         else jd.experimental.step_count(t.step)
     )
     assert traces == 1
+
+
+@pytest.mark.parametrize("n", (1, 2))
+def test_arrays_swapped_stored_under_a_new_key_and_appended_are_pythons(n):
+    """``self.a, self.b = self.b, self.a``, ``self.d["last"] = self.w`` and
+    ``self.hist.append(self.w)`` in a jd.function: Python's values after every call (an
+    append to a list is no place to write back: it runs where the function is traced)."""
+    strategy = mirrored(n)
+
+    class T:
+        def __init__(self):
+            self.w, self.a, self.b = jnp.ones(()), jnp.zeros(()), jnp.ones(())
+            self.d, self.hist = {}, []
+
+        @jd.function
+        def step(self, x):
+            self.hist.append(self.w)
+            self.d["last"] = self.w
+            self.a, self.b = self.b, self.a
+            self.w = self.w + 1.0
+            return strategy.run(lambda x: x * self.w, args=(x,))
+
+    t = T()
+    x = strategy.experimental_distribute_values_from_function(lambda ctx: jnp.ones(()))
+    for k in range(3):
+        t.step(x)
+        assert float(t.d["last"]) == 1.0 + k and float(t.w) == 2.0 + k
+        assert (float(t.a), float(t.b)) == ((1.0, 0.0) if k % 2 == 0 else (0.0, 1.0))
+        assert [float(h) for h in t.hist] == [1.0 + i for i in range(k + 1)]
