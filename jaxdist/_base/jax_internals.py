@@ -166,6 +166,28 @@ def check_collectives(axis: str) -> None:
 # -- constants of nested jaxprs ----------------------------------------------------------------
 
 
+def detached(closed: Any) -> Any:
+    """``closed``'s jaxpr without the values of its constants: what a kept trace holds.
+
+    JAX 0.12's ``Jaxpr`` carries its constants' values (``jax.make_jaxpr(f).jaxpr`` is the
+    closed jaxpr itself), so a step kept with its jaxpr kept alive every array its trace
+    read: the state as it was at the trace, a copy per trace. Where a jaxpr can carry them
+    (its public ``with_consts``), the one returned carries None in their place (its
+    ``constvars`` stay); an older JAX's ``Jaxpr`` carries none, and is returned as it is.
+
+    >>> import jax, jax.numpy as jnp
+    >>> w = jnp.arange(3.0)
+    >>> kept = detached(jax.make_jaxpr(lambda x: x + w)(jnp.ones(3)))
+    >>> any(c is w for c in getattr(kept, "consts", [])), len(kept.constvars)
+    (False, 1)
+    """
+    jaxpr = closed.jaxpr
+    attach = getattr(jaxpr, "with_consts", None)
+    if attach is None or not getattr(jaxpr, "consts", None):
+        return jaxpr
+    return attach([None] * len(jaxpr.consts))
+
+
 def nested_consts(jaxpr: Any) -> list:
     """The constants of the jaxprs nested in ``jaxpr``'s equations (a jitted helper, a
     ``jax.pmap`` or a ``lax`` loop body traced inside it), at any depth, each once.

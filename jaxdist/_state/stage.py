@@ -32,6 +32,7 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
+from jaxdist._base import jax_internals as _jax_internals
 from jaxdist._base.jax_internals import nested_consts
 from jaxdist._base.layout import is_tracer
 from jaxdist._base.validate import describe
@@ -171,7 +172,8 @@ class Staged(Calls):
         if where is not None:
             raise _reads.stored_tracer(fn, where)
         self._lift(fn, closed, outputs, before, unfound_nested)
-        self._outputs, self._jaxpr = outputs, closed.jaxpr
+        # (without the values it read: JAX 0.12's jaxpr carries them, and would keep them alive)
+        self._outputs, self._jaxpr = outputs, _jax_internals.detached(closed)
         chains = [*self._numbers, *(c for c, *_ in self._swaps), *(c for _, c, *_ in self._lifted)]
         self._read_chains = chains
         self._fetcher = _chains.Fetcher(chains)
