@@ -308,6 +308,21 @@ def test_kept_old_weights_do_not_keep_their_placed_copies(strat):
     assert len(big) <= 7, len(big)
 
 
+def test_a_compiled_step_does_not_keep_the_state_it_read_alive(strat):
+    """The array a step read at its trace is freed once the state holds another (JAX 0.12's
+    jaxpr carries its constants' values: every cached trace kept the state as it was)."""
+    t = Actor()
+    t.w = jnp.ones((64, 64), jnp.float32)
+    step = lambda x: t.w[0, 0] * total(x)  # noqa: E731
+    x = ones_batch(strat)
+    assert run_local(strat, step, x) == 8.0
+    first = weakref.ref(t.w)
+    t.w = jnp.full((64, 64), 2.0, jnp.float32)
+    assert run_local(strat, step, x) == 16.0
+    gc.collect()
+    assert first() is None
+
+
 class Explained:
     def __init__(self):
         self.params = {"w": jnp.ones(())}
