@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -339,6 +340,7 @@ class Calls:
         return self._wide
 
     _wide = ""
+    _holds_slots = False
 
     def _same_aliases(self, fn: Callable, values: list) -> bool:
         for k, chain in self._aliases:
@@ -352,6 +354,9 @@ class Calls:
     def _place(self, k: int, v: Any, place: Callable[[Any], Any]) -> Any:
         if not isinstance(v, jax.Array):
             return place(v)
+        if not self._holds_slots:  # (its slots go with it: `jaxdist._state.placed.release`)
+            self._holds_slots = True
+            weakref.finalize(self, _placed.release, id(self))
         return _placed.placed(v, place, (id(self), k))  # (this trace's k-th array input)
 
     def output(self, fn: Callable, value: Any) -> Any:

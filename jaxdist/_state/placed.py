@@ -53,14 +53,24 @@ def _hold(slot: Hashable, v: jax.Array) -> None:
         return
     _HELD[slot] = id(v)
     _HOLDERS.setdefault(id(v), set()).add(slot)
-    if before is None:
-        return
-    holders = _HOLDERS.get(before)
+    if before is not None:
+        _unhold(slot, before)
+
+
+def _unhold(slot: Hashable, held: int) -> None:
+    holders = _HOLDERS.get(held)
     if holders is not None:
         holders.discard(slot)
         if not holders:
-            del _HOLDERS[before]
-            _PLACED.pop(before, None)
+            del _HOLDERS[held]
+            _PLACED.pop(held, None)
+
+
+def release(owner: int) -> None:
+    """Forgets the slots ``(owner, ...)`` (a trace that is gone): the arrays they held lose
+    their copies where no other slot holds them."""
+    for slot in [s for s in _HELD if type(s) is tuple and s and s[0] == owner]:
+        _unhold(slot, _HELD.pop(slot))
 
 
 def _copy(v: jax.Array, place: Callable[[Any], Any]) -> Any:
