@@ -40,14 +40,17 @@ def placed(v: jax.Array, place: Callable[[Any], Any], slot: Hashable = None) -> 
     False
     """
     found = _copy(v, place)
-    if slot is not None:
+    if slot is not None and found is not v:
         _hold(slot, v)
+    elif slot is not None and slot in _HELD:  # (no copy kept for ``v``: none held for it)
+        _unhold(slot, _HELD.pop(slot))
     return found
 
 
 def _hold(slot: Hashable, v: jax.Array) -> None:
-    """Records that ``slot`` holds ``v`` now; the array it held before loses its copies
-    where no slot holds it any more."""
+    """Records that ``slot`` holds ``v`` now (an array with kept copies, whose death forgets
+    its holders: `_forget`); the array it held before loses its copies where no slot holds
+    it any more."""
     before = _HELD.get(slot)
     if before == id(v):
         return
