@@ -7,6 +7,7 @@ called before any work starts.
 from __future__ import annotations
 
 import enum
+import functools
 import types
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -118,8 +119,9 @@ def describe(fn: Callable) -> str:
     ...         raise RuntimeError("user code")
     ...     def __call__(self, x):
     ...         return x
-    >>> describe(describe), describe(Step())
-    ('describe', 'Step object')
+    >>> import functools
+    >>> describe(describe), describe(Step()), describe(functools.partial(describe))
+    ('describe', 'Step object', 'functools.partial(describe)')
     """
     if type(fn) in _FUNCTIONS:
         return fn.__qualname__
@@ -130,6 +132,8 @@ def describe(fn: Callable) -> str:
             continue
         if isinstance(found, str) and found:
             return found
+    if isinstance(fn, functools.partial):  # (its function: no code of the partial runs)
+        return f"functools.partial({describe(fn.func)})"
     kind = type(fn)
     return f"{kind.__qualname__} object" if kind.__flags__ & _HEAP else repr(fn)
 
