@@ -201,14 +201,15 @@ def spread(fn: Callable, found: list) -> list[tuple[Chain, int]]:
     """Puts at the places `spreading` collected (found in ``fn``'s state) their values in
     the per-replica form the replica step reads (`on_read_rows`); returns ``[(chain,
     replicas)]`` of those places, for `respread` on later calls."""
-    links = {(id(owner), link): num for owner, link, num in found}
-    places: list[tuple[Chain, int]] = []
+    links: dict[int, dict] = {}  # id(owner) -> {last link: replicas}
+    for owner, link, num in found:
+        links.setdefault(id(owner), {})[link] = num
+    places: dict[Chain, int] = {}
     for chain, value in _capture.walk(fn, set()):
-        for (owner_id, link), num in links.items():
-            if id(value) == owner_id and (*chain, link) not in [c for c, _ in places]:
-                places.append(((*chain, link), num))
-    respread(fn, places)
-    return places
+        for link, num in links.get(id(value), {}).items():
+            places.setdefault((*chain, link), num)
+    respread(fn, list(places.items()))
+    return list(places.items())
 
 
 def respread(fn: Callable, places: list[tuple[Chain, int]]) -> None:
