@@ -177,7 +177,11 @@ def _method_links(cls: type) -> Iterator[tuple[tuple, Any]]:
     function, a decorated method's wrapper): a method the step calls through ``self``
     reads its own globals, closure and defaults. A base's definition that ``super()``
     reaches is a link of its own (`jaxdist._state.names.definitions`): ``("meth", (name,
-    k))``, the ``k``-th definition along the MRO (`jaxdist._state.chains.method`)."""
+    k))``, the ``k``-th definition along the MRO (`jaxdist._state.chains.method`).
+    A library's class (none of the program's in its MRO: a Keras layer, a variable) has
+    none, and its definitions are not looked at (the walk asks per object)."""
+    if not _names.per_class(_HAS_USERS, cls, _has_users):
+        return
     for klass, name, k, target, fs in _names.definitions(cls):
         if (fs or _names.wrapped(target) is not None) and _users_class(klass):
             if not name.startswith("__") or _names.by_syntax(name):
@@ -192,6 +196,13 @@ def _users_class(cls: type) -> bool:
 
 
 _USERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _has_users(cls: type) -> bool:
+    return any(map(_users_class, cls.__mro__[:-1]))
+
+
+_HAS_USERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _class_level(obj: Any, own: dict) -> Iterator[tuple[tuple, Any]]:
