@@ -11,10 +11,13 @@ import os
 # fusions through its older emitter too (half the compile time of a train step; the
 # newer jaxlibs have no such flag, and an unknown XLA flag aborts the process).
 # Fresh interpreters the tests start (notebooks, docs examples, workers) inherit them.
-_FLAGS = " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+# Worker processes set their own device count and take `COMPILE_FLAGS` alone.
+COMPILE_FLAGS = "--xla_backend_optimization_level=0"
 if importlib.metadata.version("jaxlib").startswith("0.10."):
-    _FLAGS += " --xla_cpu_use_fusion_emitters=false"
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + _FLAGS).strip()
+    COMPILE_FLAGS += " --xla_cpu_use_fusion_emitters=false"
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 " + COMPILE_FLAGS
+).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402

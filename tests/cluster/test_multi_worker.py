@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import COMPILE_FLAGS
 
 import jaxdist as jd
 
@@ -43,6 +44,7 @@ def _start(
     cluster: dict, task: tuple, scenario: str, timeout: float, devices: int = 2
 ) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["XLA_FLAGS"] = COMPILE_FLAGS  # (its own device count)
     env["JAXDIST_TEST_DEVICES"] = str(devices)
     env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": task[0], "index": task[1]}})
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
-from conftest import REPLICAS, dev_required, mirrored, require  # noqa: E402
+from conftest import COMPILE_FLAGS, REPLICAS, dev_required, mirrored, require  # noqa: E402
 
 keras = require("keras")
 
@@ -556,6 +556,7 @@ def test_multi_worker_fit_equals_a_four_device_mirrored_strategy(tmp_path):
     procs = []
     for i in range(2):
         env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        env["XLA_FLAGS"] = COMPILE_FLAGS  # (its own device count)
         env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
         env["JAX_PLATFORMS"] = "cpu"
         env["PYTHONPATH"] = os.pathsep.join(

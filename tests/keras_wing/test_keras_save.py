@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
-from conftest import require  # noqa: E402
+from conftest import COMPILE_FLAGS, require  # noqa: E402
 
 keras = require("keras")
 from keras_multiworker_worker import save_data  # noqa: E402
@@ -36,6 +36,7 @@ def _run(tmp_path, who):
     procs = []
     for i in range(2):
         env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        env["XLA_FLAGS"] = COMPILE_FLAGS  # (its own device count)
         env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
         env["JAX_PLATFORMS"] = "cpu"
         env["PYTHONPATH"] = os.pathsep.join([str(WORKER.parents[1]), env.get("PYTHONPATH", "")])
