@@ -224,11 +224,35 @@ def _class_data(cls: type, own: dict | None = None) -> Iterator[tuple[tuple, Any
     """A class's data attributes (not methods, properties or other descriptors)."""
     if _names.builtin_class(cls):
         return
-    for k, a in list(cls.__dict__.items()):
-        if (own and k in own) or k.startswith("__") or hasattr(type(a), "__get__"):
-            continue
-        if _peek.is_a(a, (jax.Array, np.ndarray, *WATCHED, list, tuple, dict)) or _distributed(a):
-            yield ("getattr", k), a
+    space = cls.__dict__
+    for k in _data_keys(cls, tuple(space), tuple(map(type, space.values()))):
+        if not (own and k in own):
+            yield ("getattr", k), space[k]
+
+
+def _data_keys(cls: type, keys: tuple, kinds: tuple) -> tuple:
+    """The keys of ``cls``'s data attributes (which its names and their values' types
+    tell), kept per class while they are the same (the walk asks per object, and a Keras
+    class has hundreds of attributes). Kept by the types' ids: a class attribute holding
+    an instance of the class (``T.default = T()``) keeps no class alive."""
+    ids = tuple(map(id, kinds))
+    kept = _DATA_KEYS.get(cls)
+    if kept is not None and kept[0] == keys and kept[1] == ids:
+        return kept[2]
+    found = tuple(
+        k
+        for k, kind in zip(keys, kinds)
+        if not (k.startswith("__") or hasattr(kind, "__get__"))
+        and (issubclass(kind, _DATA) or issubclass(kind, DistributedValues))
+    )
+    try:
+        _DATA_KEYS[cls] = (keys, ids, found)
+    except TypeError:  # not weakly referenceable
+        pass
+    return found
+
+
+_DATA_KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _distributed(obj: Any) -> bool:
@@ -412,3 +436,4 @@ def _safe_children(obj: Any) -> list:
 # through them is a constant of its trace (`jaxdist._state.watch` warns naming them)
 OPAQUE = (weakref.ProxyType, weakref.CallableProxyType, threading.local)
 WATCHED = (bool, int, float, complex, str, type(None), np.generic)  # compared by value
+_DATA = (jax.Array, np.ndarray, *WATCHED, list, tuple, dict)  # what a class holds as data

@@ -204,7 +204,7 @@ def builtin_class(cls: type) -> bool:
     return not cls.__flags__ & _HEAPTYPE
 
 
-def per_class(cache: weakref.WeakKeyDictionary, cls: type, compute: Any) -> bool:
+def per_class(cache: weakref.WeakKeyDictionary, cls: type, compute: Any) -> Any:
     """``compute(cls)``, kept in ``cache`` (weak on the class; not kept for a class that
     cannot be weakly referenced)."""
     try:
@@ -276,12 +276,21 @@ def _getter_names(getter: Any) -> set[str]:
 def _add_method_names(obj: Any, named: set[str]) -> None:
     """Adds to ``named`` the names used by the methods and properties of ``obj``'s class
     that ``named`` names (``self.scale()`` reading ``self.lr``), until none is new."""
-    methods = _methods(obj if _peek.is_a(obj, type) else type(obj))
-    todo = [m for m in methods if m in named or by_syntax(m)]
+    cls = obj if _peek.is_a(obj, type) else type(obj)
+    methods = _methods(cls)
+    todo = [*(methods.keys() & named), *per_class(_SYNTAX_METHODS, cls, _syntax_methods)]
     while todo:
         new = methods[todo.pop()] - named
         named |= new
         todo += [m for m in new if m in methods]
+
+
+def _syntax_methods(cls: type) -> tuple[str, ...]:
+    """The methods of ``cls`` (`_methods`) Python calls for syntax (`by_syntax`)."""
+    return tuple(m for m in _methods(cls) if by_syntax(m))
+
+
+_SYNTAX_METHODS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def by_syntax(name: str) -> bool:

@@ -37,7 +37,10 @@ def is_a(obj: Any, kinds: Any) -> bool:
         return True
     # a JAX tracer is a `jax.Array` by JAX's own instance check (not a subclass): JAX's
     # objects run no user code
-    return issubclass(kind, jax.core.Tracer) and isinstance(obj, kinds)
+    return issubclass(kind, _TRACER) and isinstance(obj, kinds)
+
+
+_TRACER = jax.core.Tracer
 
 
 class Gone(Exception):
