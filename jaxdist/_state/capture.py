@@ -318,6 +318,8 @@ def walk(fn: Callable, named: set[str], limits: dict | None = None) -> Iterator[
                     yield here, child
                     if not later and type(child) is str and step[0] in _HOLDERS:
                         _names.add_held_name(child, here, named, is_named)
+                    if type(child) in _ATOMS:  # (nothing inside: not looked into)
+                        continue
                     if seen.get(id(child), 0) < 2 and _expandable(child):
                         named_here = is_named(here, named)
                         if id(child) in seen and not named_here:
@@ -437,3 +439,5 @@ def _safe_children(obj: Any) -> list:
 OPAQUE = (weakref.ProxyType, weakref.CallableProxyType, threading.local)
 WATCHED = (bool, int, float, complex, str, type(None), np.generic)  # compared by value
 _DATA = (jax.Array, np.ndarray, *WATCHED, list, tuple, dict)  # what a class holds as data
+# values with nothing inside them to walk (exact types: a subclass may hold attributes)
+_ATOMS = frozenset((bool, int, float, complex, str, bytes, type(None)))
