@@ -243,7 +243,7 @@ def _data_keys(cls: type, keys: tuple, kinds: tuple) -> tuple:
         k
         for k, kind in zip(keys, kinds)
         if not (k.startswith("__") or hasattr(kind, "__get__"))
-        and (issubclass(kind, _DATA) or issubclass(kind, DistributedValues))
+        and issubclass(kind, (*_DATA, DistributedValues, jax.core.Tracer))  # (`peek.is_a`'s)
     )
     try:
         _DATA_KEYS[cls] = (keys, ids, found)
