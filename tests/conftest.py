@@ -9,12 +9,15 @@ import os
 # compiled once each, so compile time is most of the suite's, and numbers compare to
 # tolerances, never to another optimization level's bits. On jaxlib 0.10, XLA's CPU
 # fusions through its older emitter too (half the compile time of a train step; the
-# newer jaxlibs have no such flag, and an unknown XLA flag aborts the process).
+# newer jaxlibs have no such flag, and an unknown XLA flag aborts the process), and each
+# program's LLVM module compiled whole, not split across threads (a fifth less compile
+# time of a train step where two pytest processes already hold both cores; no change on
+# the newer jaxlibs).
 # Fresh interpreters the tests start (notebooks, docs examples, workers) inherit them.
 # Worker processes set their own device count and take `COMPILE_FLAGS` alone.
 COMPILE_FLAGS = "--xla_backend_optimization_level=0"
 if importlib.metadata.version("jaxlib").startswith("0.10."):
-    COMPILE_FLAGS += " --xla_cpu_use_fusion_emitters=false"
+    COMPILE_FLAGS += " --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 " + COMPILE_FLAGS
 ).strip()
