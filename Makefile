@@ -1,5 +1,10 @@
 # The two commands of the README: `make demo` (the main job) and `make test` (the suite).
 PYTHON ?= python3
+# Python caches each module's bytecode (its default) even where the environment says not to
+# (PYTHONDONTWRITEBYTECODE, set on some CI images): the suite starts about 150 fresh
+# interpreters (workers, notebooks, docs examples), each compiling jaxdist's and the tests'
+# sources anew without it (0.3 s each).
+unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
