@@ -260,7 +260,7 @@ class Calls:
             names[f"s{j}"], names[f"d{j}"], names[f"w{j}"] = shape, dtype, self._weak[j]
             lines += [f"v = out[{p + j}]", f"if {_MISFIT.format(j=j)}: return False"]
         source = "def fit(out):\n" + "".join(f"    {line}\n" for line in lines)
-        exec(compile(source + "    return True\n", "<jaxdist.state.calls>", "exec"), names)  # noqa: S102
+        exec(_chains.compiled(source + "    return True\n", "<jaxdist.state.calls>"), names)  # noqa: S102
         return names["fit"]
 
     @functools.cached_property

@@ -280,8 +280,35 @@ def compile_walk(
         "    except Exception as e:\n        raise Gone(str(e)) from None\n"
         f"    return {result}\n"
     )
-    exec(compile(source, "<jaxdist.state.chains.Fetcher>", "exec"), names)  # noqa: S102
+    exec(compiled(source, "<jaxdist.state.chains.Fetcher>"), names)  # noqa: S102
     return names["walk"]
+
+
+def compiled(source: str, filename: str) -> types.CodeType:
+    """``compile(source, filename, "exec")``, the code kept by its source: each trace of a
+    step generates its walks anew, and the traces of one step (its argument signatures,
+    replica counts, a retrace) mostly generate the same source (a Keras model's watch is
+    thousands of lines, tens of milliseconds to compile). The code holds no value: its
+    names (`compile_walk`'s globals) are given to each ``exec``.
+
+    >>> compiled("x = 1", "<s>") is compiled("x = 1", "<s>")
+    True
+    """
+    key = (source, filename)
+    code = _COMPILED.get(key)
+    if code is None:
+        code = compile(source, filename, "exec")
+        if len(_COMPILED) >= _COMPILED_MAX:
+            try:  # the oldest (another thread may be changing the table meanwhile)
+                del _COMPILED[next(iter(_COMPILED))]
+            except (StopIteration, RuntimeError, KeyError):
+                pass
+        _COMPILED[key] = code
+    return code
+
+
+_COMPILED: dict[tuple[str, str], types.CodeType] = {}
+_COMPILED_MAX = 256
 
 
 def _emit(node: dict, depth: int, lines: list, names: dict, end: Callable) -> None:
