@@ -27,6 +27,7 @@ docs/guides/state.md). Python numbers read by a name the code computes
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import sys
@@ -87,31 +88,71 @@ def _children(obj: Any) -> Iterator[tuple[tuple, Any]]:
 
     Only the object protocol's own C-level accessors are used (never a class's
     ``__getattr__``, ``__getattribute__``, properties, ``__len__``, ``__iter__`` or
-    ``__getitem__``): looking for state runs no user code.
+    ``__getitem__``): looking for state runs no user code. What is read follows from
+    ``obj``'s type (`_child_kind`), and for a NumPy array or a mapping proxy from what it
+    holds.
     """
-    if _peek.is_a(obj, types.MethodType):
-        yield ("self", None), obj.__self__
-        yield ("func", None), obj.__func__
-    elif _peek.is_a(obj, functools.partial):
-        yield ("pfunc", None), obj.func
-        yield from ((("parg", i), a) for i, a in enumerate(obj.args))
-        yield from ((("pkw", k), a) for k, a in obj.keywords.items())
-    elif _peek.is_a(obj, types.FunctionType):
-        yield from _function_children(obj)
-    elif _peek.is_a(obj, type):  # ``Config.lr``, or a classmethod's class
-        for cls in obj.__mro__[:-1]:
-            yield from _class_data(cls)
-        yield from _method_links(obj)
-    elif _peek.is_container(obj):
-        yield from ((("item", k), a) for k, a in _peek.items(obj))
-    elif type(obj) is weakref.ref:
-        yield ("deref", None), obj()
-    elif _peek.is_a(obj, np.ndarray) and obj.dtype == object:
-        yield from ((("flat", i), a) for i, a in enumerate(obj.ravel().tolist()))
-    elif _distributed(obj):
-        yield from _distributed_children(obj)
-    else:
-        yield from _object_children(obj)
+    how = _child_kinds(type(obj))
+    if how == "ndarray":
+        how = "flat" if obj.dtype == object else "object"
+    elif how == "proxy":
+        how = "container" if _peek.is_container(obj) else "object"
+    return _CHILDREN[how](obj)
+
+
+def _child_kind(kind: type) -> str:
+    """How the walk reads the values of ``kind`` (a key of `_CHILDREN`; "ndarray" and
+    "proxy" are decided per value). A JAX tracer is none of these kinds by JAX's
+    instance check either: an object."""
+    for name, bases in _KINDS:
+        if issubclass(kind, bases):
+            return name
+    if kind is types.MappingProxyType:
+        return "proxy"
+    if kind is weakref.ref:
+        return "deref"
+    if issubclass(kind, np.ndarray):
+        return "ndarray"
+    return "distributed" if issubclass(kind, DistributedValues) else "object"
+
+
+_KINDS = (
+    ("method", types.MethodType),
+    ("partial", functools.partial),
+    ("function", types.FunctionType),
+    ("class", type),  # ``Config.lr``, or a classmethod's class
+    ("container", (list, tuple, collections.deque, dict)),
+)
+_child_kinds = _peek.PerType(_child_kind)
+
+
+def _method_children(obj: Any) -> Iterator[tuple[tuple, Any]]:
+    yield ("self", None), obj.__self__
+    yield ("func", None), obj.__func__
+
+
+def _partial_children(obj: Any) -> Iterator[tuple[tuple, Any]]:
+    yield ("pfunc", None), obj.func
+    yield from ((("parg", i), a) for i, a in enumerate(obj.args))
+    yield from ((("pkw", k), a) for k, a in obj.keywords.items())
+
+
+def _class_children(obj: type) -> Iterator[tuple[tuple, Any]]:
+    for cls in obj.__mro__[:-1]:
+        yield from _class_data(cls)
+    yield from _method_links(obj)
+
+
+def _container_children(obj: Any) -> Iterator[tuple[tuple, Any]]:
+    return ((("item", k), a) for k, a in _peek.items(obj))
+
+
+def _deref_children(obj: weakref.ref) -> Iterator[tuple[tuple, Any]]:
+    yield ("deref", None), obj()
+
+
+def _flat_children(obj: np.ndarray) -> Iterator[tuple[tuple, Any]]:
+    return ((("flat", i), a) for i, a in enumerate(obj.ravel().tolist()))
 
 
 def _function_children(fn: types.FunctionType) -> Iterator[tuple[tuple, Any]]:
@@ -158,6 +199,19 @@ def _object_children(obj: Any) -> Iterator[tuple[tuple, Any]]:
         yield from _own(own, "attr")
         yield from _class_level(obj, own)
         yield from _method_links(type(obj))
+
+
+_CHILDREN: dict[str, Callable[[Any], Iterator[tuple[tuple, Any]]]] = {
+    "method": _method_children,
+    "partial": _partial_children,
+    "function": _function_children,
+    "class": _class_children,
+    "container": _container_children,
+    "deref": _deref_children,
+    "flat": _flat_children,
+    "distributed": _distributed_children,
+    "object": _object_children,
+}
 
 
 def _own(own: dict, kind: str) -> Iterator[tuple[tuple, Any]]:
@@ -260,11 +314,29 @@ def _distributed(obj: Any) -> bool:
 
 
 def _expandable(obj: Any) -> bool:
-    if _peek.is_a(obj, types.ModuleType):
+    how = _expands(type(obj))
+    if how is True or how is False:
+        return how
+    if how == "module":
         return user_module(obj)
-    if _peek.is_a(obj, np.ndarray):
+    if how == "array":
         return obj.dtype == object  # an object array's elements (arrays, objects)
-    return not _peek.is_a(obj, _OPAQUE) and not _peek.is_a(obj, jax.Array)
+    return not _peek.is_a(obj, (_OPAQUE, jax.Array))  # a tracer: JAX's check, per value
+
+
+def _expands_kind(kind: type) -> Any:
+    """Whether the walk looks into the values of ``kind``, or what about the value
+    decides it ("module", "array"; "value" for a JAX tracer)."""
+    if issubclass(kind, jax.core.Tracer):
+        return "value"
+    if issubclass(kind, types.ModuleType):
+        return "module"
+    if issubclass(kind, np.ndarray):
+        return "array"
+    return not issubclass(kind, (*_OPAQUE, jax.Array))
+
+
+_expands = _peek.PerType(_expands_kind)  # (asked for each of the thousands of values walked)
 
 
 def user_module(module: types.ModuleType) -> bool:
@@ -293,6 +365,7 @@ def walk(fn: Callable, named: set[str], limits: dict | None = None) -> Iterator[
     # when a name met later names them (a method the code does not call is not state)
     methods: list[tuple[Any, Chain]] = []
     globals_seen: set[tuple[int, str]] = set()
+    closed: dict[type, int] = {}  # (`jaxdist._state.names.add_names`)
     nodes = 0
     for later in (False, True):
         while frontier or (not later and methods):
@@ -306,7 +379,7 @@ def walk(fn: Callable, named: set[str], limits: dict | None = None) -> Iterator[
             frontier.sort(key=lambda entry: not _peek.is_a(entry[0], types.FunctionType))
             for obj, chain in frontier:
                 if not later:  # a callback reached through other names is not the step's
-                    _names.add_names(obj, named)
+                    _names.add_names(obj, named, closed)
                 for step, child in _safe_children(obj):
                     if step[0] == "global":  # one module's global, read by several of
                         place = (id(obj.__globals__), step[1])  # its functions: one place

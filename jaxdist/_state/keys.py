@@ -80,7 +80,7 @@ def _captured_key(value: Any, strict: bool, depth: int) -> Any:
     kind = type(value)
     if kind is types.FunctionType:  # (the common captures first: each call compares them)
         return function_key(value, strict, depth + 1) if depth < _MAX_DEPTH else id(value)
-    how = _BY_KIND.get(kind) or _by_kind(kind)
+    how = _by_kind(kind)
     if how is not _LOOK:  # (what the checks below give for any value of its type)
         return kind if how is _TYPE and not strict else id(value)
     if not strict and _peek.is_a(value, _FRESH):
@@ -107,24 +107,20 @@ _FRESH = (jax.Array, np.ndarray, np.generic, int, float, complex, bool, str, typ
 # function, a method, a set, a tuple, a dict or a dataclass object is looked into; a JAX
 # tracer is a `jax.Array` by JAX's instance check, per value); looked up once per type
 _TYPE, _IDENTITY, _LOOK = "type", "identity", "look"
-_BY_KIND: dict[type, str] = {}
-_KINDS_MAX = 4096  # types remembered (classes made at run time: forgotten past it)
 
 
-def _by_kind(kind: type) -> str:
-    """`_TYPE`, `_IDENTITY` or `_LOOK` for the values of ``kind`` (kept in `_BY_KIND`)."""
+def _kind_key(kind: type) -> str:
+    """`_TYPE`, `_IDENTITY` or `_LOOK` for the values of ``kind``."""
     if (
         issubclass(kind, (jax.core.Tracer, set, frozenset, tuple))
         or kind in (types.FunctionType, types.MethodType, dict)
         or _dataclass_fields(kind) is not None
     ):
-        how = _LOOK
-    else:
-        how = _TYPE if issubclass(kind, _FRESH) else _IDENTITY
-    if len(_BY_KIND) >= _KINDS_MAX:
-        _BY_KIND.clear()
-    _BY_KIND[kind] = how
-    return how
+        return _LOOK
+    return _TYPE if issubclass(kind, _FRESH) else _IDENTITY
+
+
+_by_kind = _peek.PerType(_kind_key)
 
 
 _SMALL = 16  # entries of a tuple, dict or dataclass compared by structure; a larger: identity

@@ -246,15 +246,23 @@ def reads_by_name(code: types.CodeType) -> bool:
 _BY_NAME = frozenset(("getattr", "vars", "attrgetter", "__dict__"))
 
 
-def add_names(obj: Any, named: set[str]) -> None:
+def add_names(obj: Any, named: set[str], closed: dict | None = None) -> None:
     """Adds to ``named`` the names a function's code uses, or those of ``obj``'s methods
-    that ``named`` names."""
+    that ``named`` names. ``closed``: the classes whose methods' names were added, by the
+    size ``named`` had then (one walk's; ``named`` only grows, so a class asked again
+    while it has that size adds nothing: a Keras model's walk meets thousands of objects
+    of a few dozen classes)."""
     if _peek.is_a(obj, types.FunctionType):
         named |= code_names(obj.__code__)
     elif type(obj) in (operator.attrgetter, operator.methodcaller):
         named |= _getter_names(obj)
     else:
-        _add_method_names(obj, named)
+        cls = obj if _peek.is_a(obj, type) else type(obj)
+        if closed is not None and closed.get(cls) == len(named):
+            return
+        _add_method_names(cls, named)
+        if closed is not None:
+            closed[cls] = len(named)
 
 
 def _getter_names(getter: Any) -> set[str]:
@@ -273,10 +281,9 @@ def _getter_names(getter: Any) -> set[str]:
     return {n for n in names if n.isidentifier()}
 
 
-def _add_method_names(obj: Any, named: set[str]) -> None:
-    """Adds to ``named`` the names used by the methods and properties of ``obj``'s class
-    that ``named`` names (``self.scale()`` reading ``self.lr``), until none is new."""
-    cls = obj if _peek.is_a(obj, type) else type(obj)
+def _add_method_names(cls: type, named: set[str]) -> None:
+    """Adds to ``named`` the names used by the methods and properties of ``cls`` that
+    ``named`` names (``self.scale()`` reading ``self.lr``), until none is new."""
     methods = _methods(cls)
     todo = [*(methods.keys() & named), *per_class(_SYNTAX_METHODS, cls, _syntax_methods)]
     while todo:

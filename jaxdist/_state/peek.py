@@ -166,6 +166,39 @@ def _forget_class(key: int, ref: weakref.ref) -> None:
 _DICT_DESCRIPTORS: dict[int, tuple[weakref.ref, Any]] = {}
 
 
+class PerType:
+    """``compute(cls)`` per class, computed once and kept while the class lives: by the
+    class's id with a weak reference to it (a lookup runs none of its code, and no class
+    is kept alive by what was computed about it).
+
+    >>> kinds = PerType(lambda cls: cls.__name__.upper())
+    >>> kinds(dict), kinds(dict)
+    ('DICT', 'DICT')
+    """
+
+    def __init__(self, compute: Any) -> None:
+        self._compute = compute
+        self._found: dict[int, tuple[weakref.ref, Any]] = {}
+
+    def __call__(self, cls: type) -> Any:
+        found = self._found.get(id(cls))
+        if found is not None and found[0]() is cls:
+            return found[1]
+        value = self._compute(cls)
+        key = id(cls)
+        try:
+            ref = weakref.ref(cls, lambda r: self._forget(key, r))
+        except TypeError:  # a class that cannot be weakly referenced: computed each time
+            return value
+        self._found[key] = (ref, value)
+        return value
+
+    def _forget(self, key: int, ref: weakref.ref) -> None:
+        found = self._found.get(key)
+        if found is not None and found[0] is ref:  # not a newer class with the same id
+            del self._found[key]
+
+
 def safe_getattr(obj: Any, name: str) -> Any:
     """``obj.name`` where it is a plain value: the instance's own (or a slot's), else the
     class's data; AttributeError where reading it would run code (a property, a
