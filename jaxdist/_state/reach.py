@@ -59,8 +59,8 @@ def children(obj: Any) -> Iterator[tuple[tuple, Any]]:
     holds.
     """
     how = _child_kinds(type(obj))
-    if how == "ndarray":
-        how = "flat" if obj.dtype == object else "object"
+    if how == "ndarray":  # (an object array's elements; else as any object)
+        how = "flat" if obj.dtype == object else _after_arrays(type(obj))
     elif how == "proxy":
         how = "container" if _peek.is_container(obj) else "object"
     return _CHILDREN[how](obj)
@@ -79,6 +79,10 @@ def _child_kind(kind: type) -> str:
         return "deref"
     if issubclass(kind, np.ndarray):
         return "ndarray"
+    return _after_arrays(kind)
+
+
+def _after_arrays(kind: type) -> str:
     return "distributed" if issubclass(kind, DistributedValues) else "object"
 
 
