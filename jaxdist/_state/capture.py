@@ -69,8 +69,8 @@ _HOLDERS = frozenset(
 )
 
 
-def _expandable(obj: Any) -> bool:
-    how = _expands(type(obj))
+def _expandable(obj: Any, how: Any) -> bool:
+    """Whether the walk looks into ``obj``, ``how`` being its type's answer (`_expands`)."""
     if how is True or how is False:
         return how
     if how == "module":
@@ -122,6 +122,7 @@ def walk(fn: Callable, named: set[str], limits: dict | None = None) -> Iterator[
     methods: list[tuple[Any, Chain]] = []
     globals_seen: set[tuple[int, str]] = set()
     closed: dict[type, int] = {}  # (`jaxdist._state.names.add_names`)
+    expands: dict[type, Any] = {}  # `_expands` of the types met (this walk's)
     nodes = 0
     for later in (False, True):
         while frontier or (not later and methods):
@@ -136,6 +137,7 @@ def walk(fn: Callable, named: set[str], limits: dict | None = None) -> Iterator[
             for obj, chain in frontier:
                 if not later:  # a callback reached through other names is not the step's
                     _names.add_names(obj, named, closed)
+                at = -1  # the size ``named`` had when ``chain_named`` was found
                 for step, child in _safe_children(obj):
                     if step[0] == "global":  # one module's global, read by several of
                         place = (id(obj.__globals__), step[1])  # its functions: one place
@@ -147,16 +149,23 @@ def walk(fn: Callable, named: set[str], limits: dict | None = None) -> Iterator[
                     yield here, child
                     if not later and type(child) is str and step[0] in _HOLDERS:
                         _names.add_held_name(child, here, named, is_named)
-                    if type(child) in _ATOMS:  # (nothing inside: not looked into)
+                    kind = type(child)
+                    if kind in _ATOMS:  # (nothing inside: not looked into)
                         continue
-                    if seen.get(id(child), 0) < 2 and _expandable(child):
-                        named_here = is_named(here, named)
+                    how = expands.get(kind)
+                    if how is None:
+                        how = expands[kind] = _expands(kind)
+                    if seen.get(id(child), 0) < 2 and _expandable(child, how):
+                        if at != len(named):  # (names only grow: found again if they did)
+                            chain_named, at = is_named(chain, named), len(named)
+                        step_named = is_named((step,), named)
+                        named_here = chain_named and step_named  # (`is_named(here)`)
                         if id(child) in seen and not named_here:
                             continue
                         # a second path through the code's names finds an alias
                         # (``self.params = self.ema = tree``)
                         seen[id(child)] = seen.get(id(child), 0) + 1
-                        if step[0] == "meth" and not is_named((step,), named):
+                        if step[0] == "meth" and not step_named:
                             methods.append((child, here))  # (walked once named)
                         elif named_here and not later:
                             nxt.append((child, here))
