@@ -130,11 +130,9 @@ def instance_dict(obj: Any) -> dict | None:
     True
     """
     cls = type(obj)
-    found = _DICT_DESCRIPTORS.get(id(cls))  # (a dict read: this runs for every attribute
-    if found is not None and found[0]() is cls:  # of the state on every call)
-        descr = found[1]
-    else:
-        descr = _dict_descriptor(cls)
+    # (the table read inline: this runs for every attribute of the state on every call)
+    found = _DESCRIPTORS.table.get(id(cls))
+    descr = found[1] if found is not None and found[0]() is cls else _DESCRIPTORS(cls)
     if descr is None:
         return None
     own = descr.__get__(obj, cls)
@@ -143,27 +141,11 @@ def instance_dict(obj: Any) -> dict | None:
 
 def _dict_descriptor(cls: type) -> Any:
     """The interpreter's own ``__dict__`` accessor of ``cls`` (a module's is a member),
-    None where it has none or defines ``__dict__`` itself; kept per class."""
+    None where it has none or defines ``__dict__`` itself."""
     descr = type_lookup(cls, "__dict__")
     if type(descr) not in (types.GetSetDescriptorType, types.MemberDescriptorType):
-        descr = None
-    key = id(cls)
-    try:
-        ref = weakref.ref(cls, lambda r: _forget_class(key, r))
-    except TypeError:  # a class that cannot be weakly referenced
-        return descr
-    _DICT_DESCRIPTORS[key] = (ref, descr)
+        return None
     return descr
-
-
-def _forget_class(key: int, ref: weakref.ref) -> None:
-    found = _DICT_DESCRIPTORS.get(key)
-    if found is not None and found[0] is ref:  # not a newer class with the same id
-        del _DICT_DESCRIPTORS[key]
-
-
-# id(class) -> (a weak reference to it, its own ``__dict__`` accessor or None)
-_DICT_DESCRIPTORS: dict[int, tuple[weakref.ref, Any]] = {}
 
 
 class PerType:
@@ -178,10 +160,12 @@ class PerType:
 
     def __init__(self, compute: Any) -> None:
         self._compute = compute
-        self._found: dict[int, tuple[weakref.ref, Any]] = {}
+        # id(class) -> (a weak reference to it, its value): read inline where a call
+        # costs (`instance_dict`), as `__call__` reads it
+        self.table: dict[int, tuple[weakref.ref, Any]] = {}
 
     def __call__(self, cls: type) -> Any:
-        found = self._found.get(id(cls))
+        found = self.table.get(id(cls))
         if found is not None and found[0]() is cls:
             return found[1]
         value = self._compute(cls)
@@ -190,13 +174,16 @@ class PerType:
             ref = weakref.ref(cls, lambda r: self._forget(key, r))
         except TypeError:  # a class that cannot be weakly referenced: computed each time
             return value
-        self._found[key] = (ref, value)
+        self.table[key] = (ref, value)
         return value
 
     def _forget(self, key: int, ref: weakref.ref) -> None:
-        found = self._found.get(key)
+        found = self.table.get(key)
         if found is not None and found[0] is ref:  # not a newer class with the same id
-            del self._found[key]
+            del self.table[key]
+
+
+_DESCRIPTORS = PerType(_dict_descriptor)  # (each class's own ``__dict__`` accessor)
 
 
 def safe_getattr(obj: Any, name: str) -> Any:
