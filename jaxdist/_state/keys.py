@@ -20,7 +20,6 @@ False
 from __future__ import annotations
 
 import types
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -148,22 +147,15 @@ def _small_items(value: Any) -> list | None:
 
 
 _MAX_DEPTH = 8  # functions inside functions compared by code; deeper ones by identity
-_FIELDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # class: its fields or None
 
 
-def _dataclass_fields(kind: type) -> dict | None:
-    """A class's dataclass fields (None: not a dataclass), looked up once per class."""
-    try:
-        return _FIELDS[kind]
-    except (KeyError, TypeError):
-        pass
+def _fields_of(kind: type) -> dict | None:
     fields = _peek.type_lookup(kind, "__dataclass_fields__")
-    found = fields if type(fields) is dict else None
-    try:
-        _FIELDS[kind] = found
-    except TypeError:  # (a class that cannot be weakly referenced: looked up every time)
-        pass
-    return found
+    return fields if type(fields) is dict else None
+
+
+# a class's dataclass fields (None: not a dataclass), looked up once per class
+_dataclass_fields = _peek.PerType(_fields_of)
 
 
 def captured_ids(fn: Callable, strict: bool = False) -> tuple:

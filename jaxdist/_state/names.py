@@ -16,7 +16,6 @@ import os
 import sys
 import sysconfig
 import types
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -204,21 +203,6 @@ def builtin_class(cls: type) -> bool:
     return not cls.__flags__ & _HEAPTYPE
 
 
-def per_class(cache: weakref.WeakKeyDictionary, cls: type, compute: Any) -> Any:
-    """``compute(cls)``, kept in ``cache`` (weak on the class; not kept for a class that
-    cannot be weakly referenced)."""
-    try:
-        return cache[cls]
-    except (KeyError, TypeError):
-        pass
-    found = compute(cls)
-    try:
-        cache[cls] = found
-    except TypeError:  # not weakly referenceable
-        pass
-    return found
-
-
 def add_held_name(value: str, chain: tuple, named: set[str], is_named: Any) -> None:
     """Adds to ``named`` a string the code holds under names it uses (a global
     ``NAME = "lr"``, ``self.key``, a default argument): the code may read an
@@ -285,7 +269,7 @@ def _add_method_names(cls: type, named: set[str]) -> None:
     """Adds to ``named`` the names used by the methods and properties of ``cls`` that
     ``named`` names (``self.scale()`` reading ``self.lr``), until none is new."""
     methods = _methods(cls)
-    todo = [*(methods.keys() & named), *per_class(_SYNTAX_METHODS, cls, _syntax_methods)]
+    todo = [*(methods.keys() & named), *_syntax_methods_of(cls)]
     while todo:
         new = methods[todo.pop()] - named
         named |= new
@@ -297,7 +281,7 @@ def _syntax_methods(cls: type) -> tuple[str, ...]:
     return tuple(m for m in _methods(cls) if by_syntax(m))
 
 
-_SYNTAX_METHODS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_syntax_methods_of = _peek.PerType(_syntax_methods)
 
 
 def by_syntax(name: str) -> bool:
@@ -330,18 +314,14 @@ def _methods(cls: type) -> dict[str, frozenset[str]]:
     and of the program's functions a decorator wraps (``functools.wraps``: ``__wrapped__``;
     a library's wrapped methods are read by the wrapper's names, as before) (kept while
     ``cls`` lives)."""
-    try:
-        return _METHODS[cls]
-    except (KeyError, TypeError):
-        pass
+    return _methods_of(cls)
+
+
+def _method_names(cls: type) -> dict[str, frozenset[str]]:
     out: dict[str, frozenset[str]] = {}
     for _, name, _, _, fs in definitions(cls):
         for f in fs[:1] + [f for f in fs[1:] if users_function(f)]:
             out[name] = out.get(name, frozenset()) | code_names(f.__code__)
-    try:
-        _METHODS[cls] = out
-    except TypeError:  # not weakly referenceable
-        pass
     return out
 
 
@@ -402,4 +382,4 @@ def functions(obj: Any) -> list[types.FunctionType]:
     return out
 
 
-_METHODS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_methods_of = _peek.PerType(_method_names)

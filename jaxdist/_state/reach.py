@@ -204,7 +204,7 @@ def _method_links(cls: type) -> Iterator[tuple[tuple, Any]]:
     k))``, the ``k``-th definition along the MRO (`jaxdist._state.chains.method`).
     A library's class (none of the program's in its MRO: a Keras layer, a variable) has
     none, and its definitions are not looked at (the walk asks per object)."""
-    if not _names.per_class(_HAS_USERS, cls, _has_users):
+    if not _has_users_of(cls):
         return
     for klass, name, k, target, fs in _names.definitions(cls):
         if (fs or _names.wrapped(target) is not None) and _users_class(klass):
@@ -212,21 +212,15 @@ def _method_links(cls: type) -> Iterator[tuple[tuple, Any]]:
                 yield ("meth", (name, k)), target
 
 
-def _users_class(cls: type) -> bool:
-    """`jaxdist._state.names.users_class`, kept per class (the walk asks it per object)."""
-    return _names.per_class(
-        _USERS, cls, lambda c: not _names.builtin_class(c) and _names.users_class(c)
-    )
-
-
-_USERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# `jaxdist._state.names.users_class`, kept per class (the walk asks it per object)
+_users_class = _peek.PerType(lambda c: not _names.builtin_class(c) and _names.users_class(c))
 
 
 def _has_users(cls: type) -> bool:
     return any(map(_users_class, cls.__mro__[:-1]))
 
 
-_HAS_USERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_has_users_of = _peek.PerType(_has_users)
 
 
 def _class_level(obj: Any, own: dict) -> Iterator[tuple[tuple, Any]]:
