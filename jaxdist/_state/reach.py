@@ -254,7 +254,8 @@ def _data_keys(cls: type, keys: tuple, kinds: tuple) -> tuple:
     class has hundreds of attributes). Kept by the types' ids: a class attribute holding
     an instance of the class (``T.default = T()``) keeps no class alive."""
     ids = tuple(map(id, kinds))
-    kept = _DATA_KEYS.get(cls)
+    holder = _data_keys_of(cls)  # (the last answer for ``cls``, checked against it)
+    kept = holder[0]
     if kept is not None and kept[0] == keys and kept[1] == ids:
         return kept[2]
     found = tuple(
@@ -263,14 +264,11 @@ def _data_keys(cls: type, keys: tuple, kinds: tuple) -> tuple:
         if not (k.startswith("__") or hasattr(kind, "__get__"))
         and issubclass(kind, (*_DATA, DistributedValues, jax.core.Tracer))  # (`peek.is_a`'s)
     )
-    try:
-        _DATA_KEYS[cls] = (keys, ids, found)
-    except TypeError:  # not weakly referenceable
-        pass
+    holder[0] = (keys, ids, found)
     return found
 
 
-_DATA_KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_data_keys_of = _peek.PerType(lambda cls: [None])
 
 
 WATCHED = (bool, int, float, complex, str, type(None), np.generic)  # compared by value

@@ -28,6 +28,7 @@ from jaxdist._state import chains as _chains
 from jaxdist._state import names as _names
 from jaxdist._state import peek as _peek
 from jaxdist._state import ran as _ran
+from jaxdist._state import reach as _reach
 from jaxdist._state.chains import Chain, describe
 from jaxdist._state.keys import function_key
 from jaxdist._state.promote import is_number
@@ -270,7 +271,7 @@ def _tree_def(value: Any) -> Any:
     return None if len(kids) == 1 and kids[0] is value else treedef
 
 
-WATCHED_SCALARS = (bool, int, float, complex, str, type(None), np.generic)
+WATCHED_SCALARS = _reach.WATCHED  # (compared by value; one home, with what a class holds)
 
 
 def _plain_callable(value: Any) -> bool:
