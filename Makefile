@@ -3,7 +3,7 @@ PYTHON ?= python3
 # Python caches each module's bytecode (its default) even where the environment says not to
 # (PYTHONDONTWRITEBYTECODE, set on some CI images): the suite starts about 150 fresh
 # interpreters (workers, notebooks, docs examples), each compiling jaxdist's and the tests'
-# sources anew without it (0.3 s each).
+# sources anew without it.
 unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -37,8 +37,8 @@ demo: $(DEMO_STAMP)
 # (pytest-xdist; each has its 8 simulated devices, and a test's time is mostly one core's
 # tracing and compiling): the tests of one process, then the tests that start several processes
 # (marked multiworker) after them, so that no test of one process competes with their workers
-# (their fault deadlines allow a loaded machine's process starts: two such tests at once end
-# every worker within 7.4 s of a 20 s bar).
+# (their fault deadlines allow a loaded machine's process starts; docs/benchmarks.md has the
+# margins measured with two such tests at once).
 TEST_JOBS ?= 2
 PARALLEL = -n $(TEST_JOBS) --dist worksteal
 
