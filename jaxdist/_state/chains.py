@@ -237,6 +237,17 @@ _INLINE = {
     "cell": "{o}.__closure__[{k}].cell_contents",
     "fattr": "{o}.__dict__[{k}]",
     "default": "{o}.__defaults__[{k}]",
+    # an instance attribute, and a built-in container's item, without a call each: what
+    # the ``attr`` and ``item`` steps read (`_STEPS`), the common cases in place
+    "attr": "(D({o}) or E)[{k}]",
+    "item": "({o}[{k}] if type({o}) in B else I({o}, {k}))",
+}
+# the names the inline links use (`compile_walk`)
+_INLINE_NAMES = {
+    "D": _peek.instance_dict,
+    "E": types.MappingProxyType({}),
+    "B": frozenset({dict, list, tuple}),
+    "I": _peek.item,
 }
 
 
@@ -270,7 +281,7 @@ def compile_walk(
     returned. A link that is missing raises `Gone`. Only fixed templates and numbers are
     written into its source; the links' keys and step functions are its globals, with
     ``names`` (what ``head`` and ``end`` use)."""
-    names = {**names, "Gone": Gone}
+    names = {**names, **_INLINE_NAMES, "Gone": Gone}
     lines = list(head)
     _emit(root, 0, lines, names, end)
     body = "".join(f"        {line}\n" for line in lines[len(head) :]) or "        pass\n"

@@ -350,6 +350,8 @@ def method_function(attr: Any) -> Any:
     """What a class attribute runs when called or read: a property's getter, a static
     or class method's function; ``attr`` itself otherwise (a function, a decorated
     callable such as a ``jd.function``)."""
+    if type(attr) is types.FunctionType:  # (the common case first: each call reads it)
+        return attr
     if _peek.is_a(attr, property):
         return attr.fget
     if _peek.is_a(attr, (staticmethod, classmethod)):
