@@ -50,11 +50,17 @@ from jaxdist._state import chains as _chains
 from jaxdist._state.stage import Staged, example
 
 _DYNAMIC = "d"
+_ARRAYS: set = set()  # the types of the concrete JAX arrays passed (never a tracer's)
 _ITERATORS = (DistributedIterator, DatasetIterator)
 
 
 def _signature(x: Any) -> Hashable:
+    if type(x) in _ARRAYS:  # (its shape, dtype and weak type are its aval's: read at once)
+        aval = x.aval
+        return (aval.shape, aval.dtype, aval.weak_type)
     if isinstance(x, jax.Array):
+        if not isinstance(x, jax.core.Tracer) and len(_ARRAYS) < 16:
+            _ARRAYS.add(type(x))
         return (x.shape, x.dtype, getattr(x, "weak_type", False))
     if isinstance(x, np.ndarray):
         return (x.shape, x.dtype)
@@ -271,7 +277,11 @@ class Function:
         leaves = call.leaves
         kinds, dyn, statics, key = [], [], [], []
         for i, x in enumerate(leaves):
-            if isinstance(x, (jax.Array, np.ndarray)) or (is_number(x) and not static):
+            if (
+                type(x) in _ARRAYS
+                or isinstance(x, (jax.Array, np.ndarray))
+                or (is_number(x) and not static)
+            ):
                 kinds.append(_DYNAMIC)
                 dyn.append(x)
                 key.append(_signature(x))
@@ -280,7 +290,7 @@ class Function:
                 statics.append(x)
                 key.append(_static_key(x, i))  # an iterator: by its type (`_input.feeds`)
         full = ("jd.function", treedef, tuple(key), self.donate_state)
-        held = _arguments.objects(leaves, [k == "s" for k in kinds])
+        held = _arguments.objects(leaves, [k == "s" for k in kinds]) if statics else []
         found = [(i, x) for i, x in held if not isinstance(x, _ITERATORS)]
         root = _arguments.root(fn, found, (*given, None))
         how = (tuple(kinds), statics, dyn, call, self.donate_state, root)

@@ -128,9 +128,10 @@ def _old(parent: Any, kind: str, key: Any) -> Any:
         return MISSING
 
 
-def replace(fn: Callable, chain: Chain, value: Any) -> list[tuple[Chain, Any]]:
+def replace(fn: Callable, chain: Chain, value: Any, undo: bool = True) -> list[tuple[Chain, Any]]:
     """Puts ``value`` at the end of ``chain`` from ``fn``; returns what `restore` needs to
-    put back the objects that were there (raises `NotAPlace` where nothing can be written).
+    put back the objects that were there (raises `NotAPlace` where nothing can be written;
+    ``undo`` False: not read, ``[]``, for a value stored for good).
 
     >>> state = {"opt": (1.0, 2.0)}                     # a tuple: rebuilt, not mutated
     >>> step = lambda: state["opt"][1]
@@ -149,12 +150,12 @@ def replace(fn: Callable, chain: Chain, value: Any) -> list[tuple[Chain, Any]]:
             raise NotAPlace(str(e)) from None
         setter = _SETTERS.get(kind)
         if setter is not None and _mutable(parent, kind):
-            old = _old(parent, kind, key)
+            old = _old(parent, kind, key) if undo else MISSING
             try:
                 setter(parent, key, value)
             except (AttributeError, TypeError, IndexError, KeyError) as e:
                 raise NotAPlace(str(e)) from None
-            return [(chain, old)]
+            return [(chain, old)] if undo else []
         value, chain = _rebuilt(parent, kind, key, value), chain[:-1]
     raise NotAPlace("the step function itself")
 

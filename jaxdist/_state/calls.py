@@ -39,7 +39,7 @@ from jaxdist._state import placed as _placed
 from jaxdist._state import promote as _promote
 from jaxdist._state import replica as _replica
 from jaxdist._state import watch as _watch
-from jaxdist._state.keys import captured_ids, captures_nothing
+from jaxdist._state.keys import KeyWatch, captures_nothing
 
 
 def is_concrete_array(x: Any) -> bool:
@@ -48,10 +48,20 @@ def is_concrete_array(x: Any) -> bool:
 
 
 _CONCRETE: set = set()  # the types of concrete arrays the state held (never a tracer's)
+_CAPTURES = ("cell", "default", "kwdefault")  # the links to a function's captures
+_CONCRETE_JAX: set = set()  # those that are JAX arrays: their shape, dtype, weak type their aval's
 _READ = threading.local()  # this thread's last outputs read where `write_back` assigned
 _MISFIT = (
     "type(v) not in K or v.shape != s{j} or v.dtype != d{j}"
     " or getattr(v, 'weak_type', False) is not w{j}"  # (a NumPy array is never weak)
+)
+
+
+# a JAX array whose aval is the one of an array that fitted here before fits (avals are
+# immutable and shared by the arrays of one shape, dtype and weak type); another, checked
+_FIT = (
+    "if type(v) in J:|    if v.aval is not A[{j}]:|        if {misfit}: return False|"
+    "        A[{j}] = v.aval|elif {misfit}: return False"
 )
 
 
@@ -114,11 +124,23 @@ class Calls:
             it = iter([written(x, v, r) for x, v, r in zip(it, self._written_varies, rules)])
         for chain, treedef, leaves in self._assigned:
             value = treedef.unflatten([next(it) if x is None else _fresh(x) for x in leaves])
-            _assign.replace(fn, chain, value)
+            _assign.replace(fn, chain, value, undo=False)
         for i in self._numbers_assigned:  # a number as the number type it was, not an array
             _promote.put_number(fn, self._numbers[i], self._types[i])
         for chain, value in moved:  # (``self.prev = self.w``: what the source held)
-            _assign.replace(fn, chain, value)
+            _assign.replace(fn, chain, value, undo=False)
+        if self._assigns_captures:  # (``nonlocal log; log = [*log, x]``: a new object there)
+            self._captures.rewrite(fn)
+            self._checker.rewrite(fn)
+
+    @functools.cached_property
+    def _assigns_captures(self) -> bool:
+        """Whether the step assigns one of its captures (a closure cell, a default
+        argument) or an object it rebuilds there (a tuple's entry): the objects it
+        captures (`captured_ids`), and the keys of the functions it watches that capture
+        them, may then be those it wrote, not those it was traced with: either fits."""
+        chains = [chain for chain, _, _ in self._assigned] + [c for c, _ in self._moved]
+        return any(kind in _CAPTURES for chain in chains for kind, _ in chain[:2])
 
     @functools.cached_property
     def _numbers_assigned(self) -> list[int]:
@@ -207,9 +229,7 @@ class Calls:
 
     def _current(self, fn: Callable, fresh: bool) -> tuple[list | None, str]:
         """The values read now, or None and why they do not fit this trace."""
-        if (self._captured or not captures_nothing(fn)) and captured_ids(
-            fn, self._strict
-        ) != self._captured:
+        if (self._captured or not captures_nothing(fn)) and self._captures.differs(fn):
             return None, "it captures other objects (a closure cell or default argument)"
         if self._watched and not fresh and self._checker.changed(fn):
             if self._promote:
@@ -249,16 +269,21 @@ class Calls:
         return out, ""
 
     @functools.cached_property
+    def _captures(self) -> KeyWatch:
+        """Whether the step captures other objects than traced (`captured_ids`)."""
+        return KeyWatch(self._captured, self._strict, captures=True)
+
+    @functools.cached_property
     def _arrays_fit(self) -> Callable[[list], bool]:
         """Whether the arrays read (``out`` after the numbers) have the shapes and dtypes
         traced, as one function made for this trace (a statement per array): each array's
         type is one known to be concrete (`_CONCRETE`), else `_misfit` tells."""
         p = len(self._numbers)
-        names: dict[str, Any] = {"K": _CONCRETE}
+        names: dict[str, Any] = {"K": _CONCRETE, "J": _CONCRETE_JAX, "A": [None] * len(self._weak)}
         lines = []
         for j, (_, shape, dtype) in enumerate(self._array_checks):
             names[f"s{j}"], names[f"d{j}"], names[f"w{j}"] = shape, dtype, self._weak[j]
-            lines += [f"v = out[{p + j}]", f"if {_MISFIT.format(j=j)}: return False"]
+            lines += [f"v = out[{p + j}]", *_FIT.format(j=j, misfit=_MISFIT.format(j=j)).split("|")]
         source = "def fit(out):\n" + "".join(f"    {line}\n" for line in lines)
         exec(_chains.compiled(source + "    return True\n", "<jaxdist.state.calls>"), names)  # noqa: S102
         return names["fit"]
@@ -291,6 +316,8 @@ class Calls:
                 return f"{_chains.describe(fn, chain)} is now {now}, not {was}"
             if type(v) not in _CONCRETE and len(_CONCRETE) < 64:
                 _CONCRETE.add(type(v))
+                if isinstance(v, jax.Array):
+                    _CONCRETE_JAX.add(type(v))
         return ""
 
     def _store_numbers(self, fn: Callable, out: list) -> str:

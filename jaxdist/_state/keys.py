@@ -20,14 +20,16 @@ False
 from __future__ import annotations
 
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
+from jaxdist._state import chains as _chains
 from jaxdist._state import peek as _peek
-from jaxdist._state.chains import step_of
+from jaxdist._state.chains import StepArguments, step_of
 
 
 def function_key(fn: Callable, strict: bool = False, depth: int = 0) -> tuple:
@@ -163,3 +165,118 @@ def captured_ids(fn: Callable, strict: bool = False) -> tuple:
     code and captures, other objects by identity; arrays and Python scalars by type
     only unless ``strict`` (they are read afresh). See `function_key`."""
     return function_key(fn, strict)[2]
+
+
+class KeyWatch:
+    """Whether a function's `function_key` (its `captured_ids` with ``captures``) is no
+    longer ``key``, on every call of a step: the answer for the function objects it was
+    last found for, while they hold the same code and the same captures (by identity;
+    arrays and numbers by type unless ``strict``), is kept, so that the key is not built
+    again on each call. Functions are held weakly, objects among the captures too (a
+    capture that cannot be: the key is built each time).
+
+    >>> def make(k):
+    ...     return lambda x: x * k
+    >>> f = make(2.0)
+    >>> watch = KeyWatch(function_key(f))
+    >>> watch.differs(f), watch.differs(make(3.0)), watch.differs(lambda x: x)
+    (False, False, True)
+    """
+
+    __slots__ = ("key", "strict", "captures", "written", "_held", "_stamped")
+
+    def __init__(self, key: Any, strict: bool = False, captures: bool = False) -> None:
+        self.key, self.strict, self.captures = key, strict, captures
+        self.written: Any = None  # the key as the step's last call left it (`rewrite`)
+        self._held: Callable[[Any], bool] | None = None
+        self._stamped = 0
+
+    def rewrite(self, fn: Callable) -> None:
+        """Takes ``fn``'s key now as the one its step's last call wrote (a capture it
+        assigned: ``nonlocal log; log = [*log, x]``): that key fits too."""
+        f = step_of(fn)
+        key = function_key(f.__func__ if type(f) is types.MethodType else f, self.strict)
+        self.written = key[2] if self.captures else key
+
+    def differs(self, fn: Callable) -> bool:
+        """Whether ``fn``'s key (its captures' with ``captures``) differs from `key`."""
+        f = fn.func if type(fn) is StepArguments else fn  # (`step_of`, inline: every call)
+        f = f.__func__ if type(f) is types.MethodType else f
+        held = self._held
+        if held is not None and held(f):
+            return False
+        key = function_key(f, self.strict)
+        now = key[2] if self.captures else key
+        if now != self.key and (self.written is None or now != self.written):
+            return True
+        if self._stamped < _RESTAMPS:  # (a function made anew on each call: not kept)
+            self._stamped += 1
+            self._held = _stamp(f, self.strict)
+        return False
+
+
+_RESTAMPS = 4
+_HELD_KINDS = (int, float, complex, bool, str, type(None))  # (no user object in them)
+
+
+def _stamp(f: Any, strict: bool) -> Callable[[Any], bool] | None:
+    """A function telling whether its argument is ``f`` still made of what `function_key`
+    read of it now (its code; its captures: the same objects, held weakly, or arrays and
+    numbers of the same types unless ``strict``; functions among them the same way),
+    generated as one statement per capture; None where that cannot be told by identity
+    (a tuple, dict, set or dataclass captured, a method, an empty cell)."""
+    names: dict[str, Any] = {}
+    lines: list[str] = []
+    if not _stamp_lines(f, "f0", strict, 0, names, lines):
+        return None
+    body = "".join(f"        {line}\n" for line in lines)
+    source = f"def held(f0):\n    try:\n{body}    except ValueError:\n        return False\n"
+    exec(_chains.compiled(source + "    return True\n", "<jaxdist.state.keys>"), names)  # noqa: S102
+    return names["held"]
+
+
+def _stamp_lines(f: Any, here: str, strict: bool, depth: int, names: dict, lines: list) -> bool:
+    """`_stamp`'s statements for the function ``f`` at the local ``here``; False if none."""
+    if type(f) is not types.FunctionType:
+        return False
+    n = len(names)
+    try:
+        held = [cell.cell_contents for cell in f.__closure__ or ()]
+    except ValueError:  # an empty cell
+        return False
+    names[f"R{n}"], names[f"C{n}"] = weakref.ref(f), f.__code__
+    lines.append(f"if R{n}() is not {here} or {here}.__code__ is not C{n}: return False")
+    places = [f"{here}.__closure__[{k}].cell_contents" for k in range(len(held))]
+    defaults = f.__defaults__ or ()
+    lines.append(f"d{n} = {here}.__defaults__ or ()")  # (the closure is the function's own)
+    lines.append(f"if len(d{n}) != {len(defaults)}: return False")
+    places += [f"d{n}[{k}]" for k in range(len(defaults))]
+    for v, place in zip([*held, *defaults], places):
+        if not _capture_line(v, place, strict, depth, names, lines):
+            return False
+    return True
+
+
+def _capture_line(v: Any, place: str, strict: bool, depth: int, names: dict, lines: list) -> bool:
+    """The statements checking the capture ``v`` at ``place`` as `function_key` keys it."""
+    kind, n = type(v), len(names)
+    if kind is types.FunctionType and depth < _MAX_DEPTH:
+        lines.append(f"v{n} = {place}")
+        names[f"v{n}"] = None  # (the name taken)
+        return _stamp_lines(v, f"v{n}", strict, depth + 1, names, lines)
+    how = _by_kind(kind) if kind is not types.FunctionType else _IDENTITY
+    if how is _TYPE and not strict:
+        names[f"T{n}"] = kind
+        lines.append(f"if type({place}) is not T{n}: return False")
+    elif how is _LOOK:
+        return False
+    elif kind in _HELD_KINDS:
+        names[f"H{n}"] = v
+        lines.append(f"if {place} is not H{n}: return False")
+    else:
+        try:
+            names[f"R{n}"] = weakref.ref(v)
+        except TypeError:
+            return False
+        lines.append(f"if R{n}() is not {place}: return False")
+    return True

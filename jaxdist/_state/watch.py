@@ -30,7 +30,7 @@ from jaxdist._state import peek as _peek
 from jaxdist._state import ran as _ran
 from jaxdist._state import reach as _reach
 from jaxdist._state.chains import Chain, describe
-from jaxdist._state.keys import function_key
+from jaxdist._state.keys import KeyWatch, function_key
 from jaxdist._state.promote import is_number
 
 
@@ -330,9 +330,14 @@ class Checker:
 
     def __init__(self, watched: tuple[tuple[Chain, Any, str], ...]) -> None:
         names: dict[str, Any] = {"size": size, "SIZED": _SIZED, "SETNE": frozenset.__ne__}
+        names["FUNCTION"] = types.FunctionType
+        self._code: list[tuple[Chain, KeyWatch]] = []  # the functions watched by their key
         hows = [how for _, _, how in watched]
         for i, (_, value, how) in enumerate(watched):
             names[f"r{i}"], names[f"d{i}"] = value, _DIFFERS.get(how, _differs_value)
+            if how == "code":  # (its key kept while the function and its captures are)
+                self._code.append((watched[i][0], KeyWatch(value)))
+                names[f"d{i}"] = self._code[-1][1].differs
 
         def end(ends: list[int], o: str) -> list[str]:
             return [f"if {_TESTS.get(hows[i], _TEST).format(o=o, i=i)}: return True" for i in ends]
@@ -345,6 +350,15 @@ class Checker:
             return self._changed(fn)
         except _chains.Gone:
             return True
+
+    def rewrite(self, fn: Callable) -> None:
+        """Takes the keys of the functions watched, as ``fn``'s state holds them now, as
+        written by its step (a capture it assigned, `jaxdist._state.keys.KeyWatch.rewrite`)."""
+        for chain, watch in self._code:
+            try:
+                watch.rewrite(_chains.fetch(fn, chain))
+            except _chains.Gone:
+                continue
 
 
 def differs(now: Any, value: Any, how: str) -> bool:
@@ -423,7 +437,7 @@ _TEST = "{o} is not r{i} and d{i}({o}, r{i})"
 _TESTS = {
     "type": "type({o}) is not r{i}",
     "size": "(len({o}) if type({o}) in SIZED else size({o})) != r{i}",
-    "code": "d{i}({o}, r{i})",
+    "code": "type({o}) is not FUNCTION or d{i}({o})",
     "tree": "d{i}({o}, r{i})",
     "absent": "d{i}({o}, r{i})",
     "noglobal": "d{i}({o}, r{i})",

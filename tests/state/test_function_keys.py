@@ -121,3 +121,114 @@ def test_a_captured_function_is_compared_by_its_code_and_captures():
         assert keys.function_key(make(1.0)) == keys.function_key(make(2.0))
         assert keys.function_key(make(obj)) == keys.function_key(make(obj))
         assert keys.function_key(make(obj)) != keys.function_key(make(_Obj()))
+
+
+# -- KeyWatch: a function's key kept while what made it is the same --------------------------
+
+
+def _times(v):
+    def step(x):
+        return x * v
+
+    return step
+
+
+def _nested(v):
+    def inner(x):
+        return x * v
+
+    def step(x):
+        return inner(x)
+
+    return step, inner
+
+
+def _with_default(v):
+    return lambda x, v=v: x
+
+
+def _case_nested(v, change):
+    step, inner = _nested(v)
+    return step, lambda: change(inner)
+
+
+# name -> (a function made anew, its change), and whether the change makes its key differ
+_CHANGES = {
+    "cell rebound to another object": (lambda: _rebinding(_times(_Obj()), _Obj()), True),
+    "cell rebound to another float": (lambda: _rebinding(_times(1.0), 2.0), False),
+    "cell rebound to an int": (lambda: _rebinding(_times(1.0), 2), True),
+    "cell rebound to another array": (
+        lambda: _rebinding(_times(jnp.ones(2)), jnp.zeros(3)),
+        False,
+    ),
+    "cell rebound to a NumPy array": (lambda: _rebinding(_times(jnp.ones(2)), np.ones(2)), True),
+    "code replaced by the same code": (lambda: _recoding(_times(1.0), _times(2.0)), False),
+    "code replaced by other code": (lambda: _recoding(_times(1.0), _nested(1.0)[1]), True),
+    "default replaced": (lambda: _redefaulting(_with_default(_Obj()), (_Obj(),)), True),
+    "default float replaced": (lambda: _redefaulting(_with_default(1.0), (3.0,)), False),
+    "default removed": (lambda: _redefaulting(_with_default(1.0), None), True),
+    "a nested function's cell": (
+        lambda: _case_nested(_Obj(), lambda inner: _rebinding(inner, _Obj())[1]()),
+        True,
+    ),
+    "a nested function's code": (
+        lambda: _case_nested(1.0, lambda inner: _recoding(inner, _times(1.0))[1]()),
+        True,
+    ),
+    "a captured dict's entry": (lambda: _updating(_times({"lr": 1.0}), _Obj()), True),
+}
+_KEPT = []  # the values replaced, kept alive (a new object never takes a freed one's id)
+
+
+def _rebinding(f, value):
+    def change():
+        _KEPT.append(f.__closure__[0].cell_contents)
+        f.__closure__[0].cell_contents = value
+
+    return f, change
+
+
+def _recoding(f, other):
+    return f, lambda: setattr(f, "__code__", other.__code__)
+
+
+def _redefaulting(f, defaults):
+    def change():
+        _KEPT.append(f.__defaults__)
+        f.__defaults__ = defaults
+
+    return f, change
+
+
+def _updating(f, value):
+    return f, lambda: f.__closure__[0].cell_contents.update(lr=value)
+
+
+@pytest.mark.parametrize("name", sorted(_CHANGES))
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_key_watch_says_what_function_key_says_after_each_change(name, strict):
+    make, differs = _CHANGES[name]
+    f, change = make()
+    watch = keys.KeyWatch(keys.function_key(f, strict), strict)
+    assert [watch.differs(f) for _ in range(3)] == [False] * 3  # (kept after the first)
+    change()
+    now = keys.function_key(f, strict) != watch.key
+    assert watch.differs(f) is now and watch.differs(f) is now
+    if not strict:
+        assert now is differs, name
+
+
+def test_a_key_watch_of_captures_reads_a_methods_function_and_holds_nothing_strongly():
+    import gc
+    import weakref
+
+    step = _times(_Obj())  # (the only reference to its object: its cell)
+    obj = _Obj()
+    bound = types.MethodType(_times(step), obj)  # (a method whose function captures step)
+    watch = keys.KeyWatch(keys.captured_ids(bound), captures=True)
+    assert not watch.differs(bound) and not watch.differs(types.MethodType(bound.__func__, obj))
+    dead = weakref.ref(step.__closure__[0].cell_contents)
+    step.__closure__[0].cell_contents = _Obj()
+    gc.collect()
+    assert dead() is None  # the watch kept no capture alive
+    assert watch.differs(bound) is (keys.captured_ids(bound) != watch.key)

@@ -270,3 +270,32 @@ def test_weak_and_strong_arrays_keep_their_dtype_rules(s, run):
         assert out.dtype == plain.dtype
         np.testing.assert_allclose(np.asarray(out, np.float32), float(plain[0]), rtol=1e-6)
     assert run.traces(m.step) == 2  # weak, strong; the weak trace again
+
+
+# 6. a capture the function assigns (a new object each call) ----------------------------
+
+
+def test_a_function_assigning_a_list_it_captures_traces_once(s):
+    """``nonlocal held; held = [...]`` under `jd.function`: a new list in the closure cell
+    each call, written by the function itself, fits its trace on the next call (the old
+    lists are kept alive here, so no new one takes an old one's id)."""
+    held, kept = [1.0, 2.0], []
+
+    def step(x):
+        return total(x) * held[0]
+
+    @jd.function
+    def f(x):
+        nonlocal held
+        out = s.reduce("MEAN", s.run(step, args=(x,)), axis=None)  # (each replica's: 8)
+        held = [held[0] + 1.0, held[1]]
+        return out
+
+    x = ones_batch(s)
+    outs = []
+    for _ in range(4):
+        kept.append(held)
+        outs.append(float(f(x)))
+    assert outs == [8.0, 16.0, 24.0, 32.0]  # plain Python: 8 * 1, 8 * 2, ...
+    assert held == [5.0, 2.0]
+    assert f.experimental_get_tracing_count() == 1
