@@ -292,7 +292,7 @@ class Function:
         full = ("jd.function", treedef, tuple(key), self.donate_state)
         held = _arguments.objects(leaves, [k == "s" for k in kinds]) if statics else []
         found = [(i, x) for i, x in held if not isinstance(x, _ITERATORS)]
-        root = _arguments.root(fn, found, (*given, None))
+        root = _arguments.root(fn, found, (*given, None)) if found else fn
         how = (tuple(kinds), statics, dyn, call, self.donate_state, root)
         build = lambda: _Program(fn, treedef, *how)  # noqa: E731
         spread = _spread_of(fn) if _SPREAD_AT else []

@@ -183,12 +183,13 @@ class KeyWatch:
     (False, False, True)
     """
 
-    __slots__ = ("key", "strict", "captures", "written", "_held", "_stamped")
+    __slots__ = ("key", "strict", "captures", "written", "held", "_stamped")
 
     def __init__(self, key: Any, strict: bool = False, captures: bool = False) -> None:
         self.key, self.strict, self.captures = key, strict, captures
         self.written: Any = None  # the key as the step's last call left it (`rewrite`)
-        self._held: Callable[[Any], bool] | None = None
+        # whether a function is the one last found with the same captures (generated)
+        self.held: Callable[[Any], bool] | None = None
         self._stamped = 0
 
     def rewrite(self, fn: Callable) -> None:
@@ -202,16 +203,21 @@ class KeyWatch:
         """Whether ``fn``'s key (its captures' with ``captures``) differs from `key`."""
         f = fn.func if type(fn) is StepArguments else fn  # (`step_of`, inline: every call)
         f = f.__func__ if type(f) is types.MethodType else f
-        held = self._held
+        held = self.held
         if held is not None and held(f):
             return False
+        return self.built_differs(f)
+
+    def built_differs(self, f: Any) -> bool:
+        """`differs` for the function ``f`` itself, its key built (the kept answer did
+        not hold: another function, or other captures)."""
         key = function_key(f, self.strict)
         now = key[2] if self.captures else key
         if now != self.key and (self.written is None or now != self.written):
             return True
         if self._stamped < _RESTAMPS:  # (a function made anew on each call: not kept)
             self._stamped += 1
-            self._held = _stamp(f, self.strict)
+            self.held = _stamp(f, self.strict)
         return False
 
 

@@ -337,7 +337,7 @@ class Checker:
             names[f"r{i}"], names[f"d{i}"] = value, _DIFFERS.get(how, _differs_value)
             if how == "code":  # (its key kept while the function and its captures are)
                 self._code.append((watched[i][0], KeyWatch(value)))
-                names[f"d{i}"] = self._code[-1][1].differs
+                names[f"d{i}"] = self._code[-1][1]
 
         def end(ends: list[int], o: str) -> list[str]:
             return [f"if {_TESTS.get(hows[i], _TEST).format(o=o, i=i)}: return True" for i in ends]
@@ -437,7 +437,9 @@ _TEST = "{o} is not r{i} and d{i}({o}, r{i})"
 _TESTS = {
     "type": "type({o}) is not r{i}",
     "size": "(len({o}) if type({o}) in SIZED else size({o})) != r{i}",
-    "code": "type({o}) is not FUNCTION or d{i}({o})",
+    # (a function: the key kept for it, `KeyWatch.held`, read in place; else built)
+    "code": "type({o}) is not FUNCTION or (d{i}.held is None or not d{i}.held({o}))"
+    " and d{i}.built_differs({o})",
     "tree": "d{i}({o}, r{i})",
     "absent": "d{i}({o}, r{i})",
     "noglobal": "d{i}({o}, r{i})",
