@@ -211,13 +211,16 @@ class KeyWatch:
     def built_differs(self, f: Any) -> bool:
         """`differs` for the function ``f`` itself, its key built (the kept answer did
         not hold: another function, or other captures)."""
+        stamp = None
+        if self._stamped < _RESTAMPS:  # (a function made anew on each call: not kept)
+            self._stamped += 1
+            stamp = _stamp(f, self.strict)  # (before the key: what the key was built from)
         key = function_key(f, self.strict)
         now = key[2] if self.captures else key
         if now != self.key and (self.written is None or now != self.written):
             return True
-        if self._stamped < _RESTAMPS:  # (a function made anew on each call: not kept)
-            self._stamped += 1
-            self.held = _stamp(f, self.strict)
+        if stamp is not None and stamp(f):  # (nothing changed while the key was built)
+            self.held = stamp
         return False
 
 
