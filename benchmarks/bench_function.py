@@ -11,6 +11,9 @@ Two pairs on 8 simulated CPU devices, each a median of interleaved rounds in one
 * the cost of reading state from ``self``: a step reading 1,000 small arrays from
   ``self.params`` under ``@jd.function`` against ``jax.jit`` taking them as an argument.
 
+With ``--one-device --profile``, where that trainer's call spends its time: `cProfile` over
+20,000 calls of the tiny MLP's (the Python functions it calls per call, and the most costly).
+
 With ``--one-device``, the per-call cost of reading the state where it is felt (one device,
 most users' topology): a TF-style trainer (parameters on ``self``, ``strategy.run`` under
 ``@jd.function``, the update assigned back) on ``MirroredStrategy(["/cpu:0"])`` against raw
@@ -168,6 +171,27 @@ def one_device():
     return {"markdown": common.table(header, rows), **data}
 
 
+def profile(calls=20000):
+    """`cProfile` of ``calls`` calls of the tiny MLP trainer's `jd.function` (one device)."""
+    import cProfile
+    import io
+    import pstats
+
+    ours, reference = _trainer(jd.MirroredStrategy(["/cpu:0"]), (16, 16, 16, 4), 8)
+    for _ in range(500):  # (traced, compiled, warm)
+        ours(), reference()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        ours()
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("tottime").print_stats(15)
+    total = sum(row[1] for row in stats.stats.values())  # (primitive and recursive calls)
+    return {"markdown": f"{total / calls:.0f} function calls per call\n{out.getvalue()}"}
+
+
 def main():
     strategy = jd.MirroredStrategy([f"/cpu:{i}" for i in range(R)])
     rows, data = [], {}
@@ -194,4 +218,7 @@ def main():
 if __name__ == "__main__":
     import sys
 
-    print((one_device() if "--one-device" in sys.argv else main())["markdown"])
+    if "--profile" in sys.argv:
+        print(profile()["markdown"])
+    else:
+        print((one_device() if "--one-device" in sys.argv else main())["markdown"])
