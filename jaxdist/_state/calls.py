@@ -109,6 +109,9 @@ class Calls:
         nothing waits for the device for them."""
         if not self._written and not self._assigned and not self._moved:
             return
+        # (a step assigning its captures: its watched keys taken as written below only if
+        # nothing else changed them meanwhile, a callback or another thread)
+        fits = self._assigns_captures and not self._changed_since(fn)
         if self._outs_assigned:  # what it returns of places it assigns, as it read them
             _READ.values = (self, {i: _chains.fetch(fn, c) for i, c in self._outs_assigned})
         moved = [(c, _chains.fetch(fn, source)) for c, source in self._moved]  # (as read)
@@ -129,9 +132,19 @@ class Calls:
             _promote.put_number(fn, self._numbers[i], self._types[i])
         for chain, value in moved:  # (``self.prev = self.w``: what the source held)
             _assign.replace(fn, chain, value, undo=False)
-        if self._assigns_captures:  # (``nonlocal log; log = [*log, x]``: a new object there)
-            self._captures.rewrite(fn)
-            self._checker.rewrite(fn)
+        if fits:  # (``nonlocal log; log = [*log, x]``: a new object there)
+            self._rewrite(fn)
+
+    def _rewrite(self, fn: Callable) -> None:
+        """The captures' and the watched functions' keys now fit as written (by the trace,
+        or by the last call's write-back)."""
+        self._captures.rewrite(fn)
+        self._checker.rewrite(fn)
+
+    def _changed_since(self, fn: Callable) -> bool:
+        """Whether the state this trace watches no longer fits it (before its write-back:
+        changed during the call, by a callback or another thread)."""
+        return self._captures.differs(fn) or bool(self._watched and self._checker.changed(fn))
 
     @functools.cached_property
     def _assigns_captures(self) -> bool:
@@ -213,6 +226,8 @@ class Calls:
         if self._nothing and not self._watched and not self._captured and captures_nothing(fn):
             return []  # a step that reads no state: nothing to check (a replayed call's case)
         fresh, self._fresh = self._fresh, False  # the call that traced it ran the step
+        if fresh and self._assigns_captures:  # (the trace left its captures as it ends)
+            self._rewrite(fn)
         with _promote.LOCK:
             out, self.reason = self._current(fn, fresh)
             if out is None:

@@ -240,13 +240,12 @@ _INLINE = {
     # an instance attribute, and a built-in container's item, without a call each: what
     # the ``attr`` and ``item`` steps read (`_STEPS`), the common cases in place
     "attr": "(D({o}) or E)[{k}]",
-    "item": "({o}[{k}] if type({o}) in B else I({o}, {k}))",
+    "item": "({o}[{k}] if (t := type({o})) is dict or t is list or t is tuple else I({o}, {k}))",
 }
 # the names the inline links use (`compile_walk`)
 _INLINE_NAMES = {
     "D": _peek.instance_dict,
     "E": types.MappingProxyType({}),
-    "B": frozenset({dict, list, tuple}),
     "I": _peek.item,
 }
 

@@ -239,7 +239,7 @@ def _stamp(f: Any, strict: bool) -> Callable[[Any], bool] | None:
     if not _stamp_lines(f, "f0", strict, 0, names, lines):
         return None
     body = "".join(f"        {line}\n" for line in lines)
-    source = f"def held(f0):\n    try:\n{body}    except ValueError:\n        return False\n"
+    source = f"def held(f0):\n    try:\n{body}    except Exception:\n        return False\n"
     exec(_chains.compiled(source + "    return True\n", "<jaxdist.state.keys>"), names)  # noqa: S102
     return names["held"]
 
@@ -254,7 +254,9 @@ def _stamp_lines(f: Any, here: str, strict: bool, depth: int, names: dict, lines
     except ValueError:  # an empty cell
         return False
     names[f"R{n}"], names[f"C{n}"] = weakref.ref(f), f.__code__
-    lines.append(f"if R{n}() is not {here} or {here}.__code__ is not C{n}: return False")
+    # (a dead reference gives None, which a place may hold now: never the same)
+    lines.append(f"if {here} is None or R{n}() is not {here}: return False")
+    lines.append(f"if {here}.__code__ is not C{n}: return False")
     places = [f"{here}.__closure__[{k}].cell_contents" for k in range(len(held))]
     defaults = f.__defaults__ or ()
     lines.append(f"d{n} = {here}.__defaults__ or ()")  # (the closure is the function's own)
@@ -284,8 +286,11 @@ def _capture_line(v: Any, place: str, strict: bool, depth: int, names: dict, lin
         lines.append(f"if {place} is not H{n}: return False")
     else:
         try:
-            names[f"R{n}"] = weakref.ref(v)
+            names[f"R{n}"], names[f"T{n}"] = weakref.ref(v), kind
         except TypeError:
             return False
-        lines.append(f"if R{n}() is not {place}: return False")
+        lines.append(f"v{n} = {place}")  # (its class too: ``__class__`` can be assigned)
+        lines.append(
+            f"if v{n} is None or R{n}() is not v{n} or type(v{n}) is not T{n}: return False"
+        )
     return True

@@ -232,3 +232,49 @@ def test_a_key_watch_of_captures_reads_a_methods_function_and_holds_nothing_stro
     gc.collect()
     assert dead() is None  # the watch kept no capture alive
     assert watch.differs(bound) is (keys.captured_ids(bound) != watch.key)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("where", ["cell", "default", "nested function"])
+def test_a_key_watch_of_a_capture_that_died_and_was_replaced_by_none(strict, where):
+    """The object a kept answer was for is gone (its weak reference gives None) and the
+    place holds None now: never taken for the same capture."""
+    import gc
+
+    def inner(x):
+        return x
+
+    if where == "cell":
+        f = _times(_Obj())
+    elif where == "default":
+        f = _with_default(_Obj())
+    else:
+        f = _nested(1.0)[0]
+    watch = keys.KeyWatch(keys.function_key(f, strict), strict)
+    assert not watch.differs(f) and not watch.differs(f) and watch.held is not None
+    if where == "default":
+        f.__defaults__ = (None,)
+    else:
+        f.__closure__[0].cell_contents = None
+    gc.collect()
+    assert watch.differs(f) is (keys.function_key(f, strict) != watch.key) is True
+
+
+def test_a_key_watch_of_an_object_whose_class_is_reassigned():
+    """``obj.__class__ = Other``: the same object, keyed now as its new class says (a
+    dataclass is keyed by its fields): the kept answer does not hold."""
+
+    class Plain:
+        pass
+
+    @dataclasses.dataclass
+    class Fields(Plain):
+        w: float = 0.0
+
+    obj = Plain()
+    obj.w = 1.0
+    f = _times(obj)
+    watch = keys.KeyWatch(keys.function_key(f))
+    assert not watch.differs(f) and watch.held is not None
+    obj.__class__ = Fields
+    assert watch.differs(f) is (keys.function_key(f) != watch.key) is True

@@ -10,6 +10,7 @@ expected values are the same rules run as plain Python (or plain JAX for dtypes)
 import collections
 import enum
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -299,3 +300,39 @@ def test_a_function_assigning_a_list_it_captures_traces_once(s):
     assert outs == [8.0, 16.0, 24.0, 32.0]  # plain Python: 8 * 1, 8 * 2, ...
     assert held == [5.0, 2.0]
     assert f.experimental_get_tracing_count() == 1
+
+
+def test_a_change_during_the_call_of_a_function_assigning_its_captures_is_seen(s):
+    """A host callback rebinds a global helper while the program runs, in a call of a
+    function that assigns a list it captures: the next call uses the new helper (the
+    helper's change is not taken as the function's own write)."""
+    from jax.experimental import io_callback
+
+    scale, calls = {"now": 2.0}, [0]
+    held = [jnp.zeros(())]
+
+    def helper(v):
+        return v * scale["now"]
+
+    def on_call(v):
+        calls[0] += 1
+        if calls[0] == 2:
+            G["helper"] = lambda v: v * 3.0  # (a new function: its code, another object)
+        return np.zeros((), np.float32)
+
+    G = {"helper": helper}
+
+    def step(x):
+        return total(x)
+
+    @jd.function
+    def f(x):
+        nonlocal held
+        out = s.reduce("MEAN", s.run(step, args=(x,)), axis=None)
+        out = G["helper"](out) + io_callback(on_call, jax.ShapeDtypeStruct((), jnp.float32), out)
+        held = [held[0] + out]
+        return out
+
+    x = ones_batch(s)
+    outs = [float(f(x)) for _ in range(4)]
+    assert outs == [16.0, 16.0, 24.0, 24.0]  # plain Python: 8 * 2 twice, then 8 * 3
