@@ -47,20 +47,18 @@ from jaxdist._state import aggregation as _aggregation
 from jaxdist._state import arguments as _arguments
 from jaxdist._state import capture as _capture
 from jaxdist._state import chains as _chains
+from jaxdist._state.calls import CONCRETE_JAX, is_concrete_jax
 from jaxdist._state.stage import Staged, example
 
 _DYNAMIC = "d"
-_ARRAYS: set = set()  # the types of the concrete JAX arrays passed (never a tracer's)
 _ITERATORS = (DistributedIterator, DatasetIterator)
 
 
 def _signature(x: Any) -> Hashable:
-    if type(x) in _ARRAYS:  # (its shape, dtype and weak type are its aval's: read at once)
+    if is_concrete_jax(x):  # (its shape, dtype and weak type are its aval's: read at once)
         aval = x.aval
         return (aval.shape, aval.dtype, aval.weak_type)
     if isinstance(x, jax.Array):
-        if not isinstance(x, jax.core.Tracer) and len(_ARRAYS) < 16:
-            _ARRAYS.add(type(x))
         return (x.shape, x.dtype, getattr(x, "weak_type", False))
     if isinstance(x, np.ndarray):
         return (x.shape, x.dtype)
@@ -278,7 +276,7 @@ class Function:
         kinds, dyn, statics, key = [], [], [], []
         for i, x in enumerate(leaves):
             if (
-                type(x) in _ARRAYS
+                type(x) in CONCRETE_JAX
                 or isinstance(x, (jax.Array, np.ndarray))
                 or (is_number(x) and not static)
             ):

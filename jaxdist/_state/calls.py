@@ -47,9 +47,21 @@ def is_concrete_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray)) and not is_tracer(x)
 
 
+def is_concrete_jax(x: Any) -> bool:
+    """A JAX array that is not a tracer; its type is kept (`CONCRETE_JAX`, read in place
+    by the generated checks): its shape, dtype and weak type are then its ``aval``'s."""
+    if type(x) in CONCRETE_JAX:
+        return True
+    if not isinstance(x, jax.Array) or is_tracer(x):
+        return False
+    if len(CONCRETE_JAX) < 16:
+        CONCRETE_JAX.add(type(x))
+    return True
+
+
 _CONCRETE: set = set()  # the types of concrete arrays the state held (never a tracer's)
 _CAPTURES = ("cell", "default", "kwdefault")  # the links to a function's captures
-_CONCRETE_JAX: set = set()  # those that are JAX arrays: their shape, dtype, weak type their aval's
+CONCRETE_JAX: set = set()  # those that are JAX arrays: their shape, dtype, weak type their aval's
 _READ = threading.local()  # this thread's last outputs read where `write_back` assigned
 _MISFIT = (
     "type(v) not in K or v.shape != s{j} or v.dtype != d{j}"
@@ -60,8 +72,11 @@ _MISFIT = (
 # a JAX array whose aval is the one of an array that fitted here before fits (avals are
 # immutable and shared by the arrays of one shape, dtype and weak type); another, checked
 _FIT = (
-    "if type(v) in J:|    if v.aval is not A[{j}]:|        if {misfit}: return False|"
-    "        A[{j}] = v.aval|elif {misfit}: return False"
+    "if type(v) in J:",
+    "    if v.aval is not A[{j}]:",
+    "        if {misfit}: return False",
+    "        A[{j}] = v.aval",
+    "elif {misfit}: return False",
 )
 
 
@@ -294,11 +309,12 @@ class Calls:
         traced, as one function made for this trace (a statement per array): each array's
         type is one known to be concrete (`_CONCRETE`), else `_misfit` tells."""
         p = len(self._numbers)
-        names: dict[str, Any] = {"K": _CONCRETE, "J": _CONCRETE_JAX, "A": [None] * len(self._weak)}
+        names: dict[str, Any] = {"K": _CONCRETE, "J": CONCRETE_JAX, "A": [None] * len(self._weak)}
         lines = []
         for j, (_, shape, dtype) in enumerate(self._array_checks):
             names[f"s{j}"], names[f"d{j}"], names[f"w{j}"] = shape, dtype, self._weak[j]
-            lines += [f"v = out[{p + j}]", *_FIT.format(j=j, misfit=_MISFIT.format(j=j)).split("|")]
+            misfit = _MISFIT.format(j=j)
+            lines += [f"v = out[{p + j}]", *(line.format(j=j, misfit=misfit) for line in _FIT)]
         source = "def fit(out):\n" + "".join(f"    {line}\n" for line in lines)
         exec(_chains.compiled(source + "    return True\n", "<jaxdist.state.calls>"), names)  # noqa: S102
         return names["fit"]
@@ -331,8 +347,7 @@ class Calls:
                 return f"{_chains.describe(fn, chain)} is now {now}, not {was}"
             if type(v) not in _CONCRETE and len(_CONCRETE) < 64:
                 _CONCRETE.add(type(v))
-                if isinstance(v, jax.Array):
-                    _CONCRETE_JAX.add(type(v))
+                is_concrete_jax(v)  # (a JAX array's type kept for the aval's check)
         return ""
 
     def _store_numbers(self, fn: Callable, out: list) -> str:

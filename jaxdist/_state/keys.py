@@ -195,8 +195,7 @@ class KeyWatch:
     def rewrite(self, fn: Callable) -> None:
         """Takes ``fn``'s key now as the one its step's last call wrote (a capture it
         assigned: ``nonlocal log; log = [*log, x]``): that key fits too."""
-        f = step_of(fn)
-        key = function_key(f.__func__ if type(f) is types.MethodType else f, self.strict)
+        key = function_key(fn, self.strict)  # (a root's or a method's function's)
         self.written = key[2] if self.captures else key
 
     def differs(self, fn: Callable) -> bool:

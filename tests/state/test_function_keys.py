@@ -241,9 +241,6 @@ def test_a_key_watch_of_a_capture_that_died_and_was_replaced_by_none(strict, whe
     place holds None now: never taken for the same capture."""
     import gc
 
-    def inner(x):
-        return x
-
     if where == "cell":
         f = _times(_Obj())
     elif where == "default":
