@@ -55,7 +55,8 @@ _ITERATORS = (DistributedIterator, DatasetIterator)
 
 
 def _signature(x: Any) -> Hashable:
-    if is_concrete_jax(x):  # (its shape, dtype and weak type are its aval's: read at once)
+    # (its shape, dtype and weak type are its aval's: read at once; the type's test in place)
+    if type(x) in CONCRETE_JAX or is_concrete_jax(x):
         aval = x.aval
         return (aval.shape, aval.dtype, aval.weak_type)
     if isinstance(x, jax.Array):
