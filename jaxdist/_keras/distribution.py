@@ -43,6 +43,7 @@ from jaxdist._input.iterators import DistributedDataset
 from jaxdist._keras import replica as _keras_replica
 from jaxdist._keras import steps as _keras_steps
 from jaxdist._keras import syncbn as _keras_syncbn
+from jaxdist._keras import typed as _keras_typed
 from jaxdist._keras import variables as _keras_variables
 
 SUPPORTED = ((3, 10), (3, 16))
@@ -208,6 +209,7 @@ def _install() -> None:
         return
     _keras_syncbn.install()
     _keras_variables.install()
+    _keras_typed.install()
     _PATCHED["__init__"] = keras.Model.__init__
     keras.Model.__init__ = _remembering_its_scope(keras.Model.__init__)
     for kind in ("train", "test", "predict"):

@@ -5,7 +5,8 @@ numbers from its closure, globals and object (`capture`, opening each object wit
 through `peek`, which runs no user code, guided by the names the code uses: `names`),
 reading it again there on every call (`chains`, which also names a place as Python reads
 it), the Python values its trace depends on (`watch`; words for its checks: `checks`), when
-two functions are the same step and whether a watched one still is (`keys`), its numbers as
+two functions are the same step and whether a watched one still is (`keys`), the values in
+library objects that a write barrier guards (`typed`: a Keras layer's), its numbers as
 program inputs (`promote`), writing at those places and what a trace assigned (`assign`), a
 step traced once with that state as inputs (`stage`; what its trace says of the state it
 read: `reads`; each call of it: `calls`), and the state a user's own ``jax.jit`` froze,

@@ -38,6 +38,7 @@ from jaxdist._state import hostnum as _hostnum
 from jaxdist._state import placed as _placed
 from jaxdist._state import promote as _promote
 from jaxdist._state import replica as _replica
+from jaxdist._state import typed as _typed
 from jaxdist._state import watch as _watch
 from jaxdist._state.keys import KeyWatch, captures_nothing
 
@@ -94,7 +95,7 @@ class Calls:
     _types: list  # the numbers' types
     _promote: bool
     _watched: tuple
-    _checker: _watch.Checker
+    _checker: _typed.Guarded
     _fetcher: _chains.Fetcher
     _array_checks: list  # ``(chain, shape, dtype)`` of the arrays read
     _aliases: list  # ``(k, chain)``: another name of the k-th captured array
@@ -121,9 +122,15 @@ class Calls:
         """Stores what the step wrote in its state: (``writes``) the values it assigned,
         and the numbers it wrote that were computed on the device (the last outputs);
         those computed on the host (`jaxdist._state.hostnum`) were stored by `inputs`, and
-        nothing waits for the device for them."""
+        nothing waits for the device for them. Its assignments to typed objects (a Keras
+        layer's) are its own, not a change to what it read (`jaxdist._state.typed`)."""
         if not self._written and not self._assigned and not self._moved:
             return
+        before = self._checker.epochs()
+        self._write_back(fn, outs)
+        self._checker.absorb(before)
+
+    def _write_back(self, fn: Callable, outs: list) -> None:
         # (a step assigning its captures: its watched keys taken as written below only if
         # nothing else changed them meanwhile, a callback or another thread)
         fits = self._assigns_captures and not self._changed_since(fn)

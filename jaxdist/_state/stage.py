@@ -44,6 +44,7 @@ from jaxdist._state import promote as _promote
 from jaxdist._state import reads as _reads
 from jaxdist._state import recheck as _recheck
 from jaxdist._state import replica as _replica
+from jaxdist._state import typed as _typed
 from jaxdist._state import watch as _watch
 from jaxdist._state.calls import Calls, is_concrete_array
 from jaxdist._state.frozen import check_not_stacked
@@ -167,7 +168,7 @@ class Staged(Calls):
         self._types = [type(_chains.fetch(fn, c)) for c in numbers_used]
         self._promote = numbers
         self._watched = tuple(w for w in _watch.settle(fn, watched) if w[0] not in numbers_used)
-        self._checker = _watch.Checker(self._watched)
+        self._checker = _typed.Guarded(fn, self._watched, _watch.Checker)
         where = _watch.leaked(fn)
         if where is not None:
             raise _reads.stored_tracer(fn, where)

@@ -29,6 +29,7 @@ from jaxdist._state import names as _names
 from jaxdist._state import peek as _peek
 from jaxdist._state import ran as _ran
 from jaxdist._state import reach as _reach
+from jaxdist._state import typed as _typed
 from jaxdist._state.chains import Chain, describe
 from jaxdist._state.keys import KeyWatch, function_key
 from jaxdist._state.promote import is_number
@@ -116,16 +117,27 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
             RuntimeWarning,
             stacklevel=6,
         )
-    if len(out) > _MAX_WATCHED:
-        warnings.warn(
-            f"The step {getattr(fn, '__qualname__', fn)!r} reads more than {_MAX_WATCHED} "
-            f"Python values from its state; {describe(fn, out[_MAX_WATCHED][0])} and "
-            f"{len(out) - _MAX_WATCHED - 1} more keep the value they had when it was traced. "
-            "Pass changing numbers to strategy.run as arguments.",
-            RuntimeWarning,
-            stacklevel=6,
-        )
-    return tuple(out[:_MAX_WATCHED])
+    return _bounded(fn, out)
+
+
+def _bounded(fn: Callable, out: list) -> tuple:
+    """``out`` less the values compared on every call past `_MAX_WATCHED` (with a warning
+    naming the first); those a barrier covers (`jaxdist._state.typed.owned`: a Keras
+    layer's own data) are compared only after one moved, and are all kept."""
+    owned, _ = _typed.owned(fn, tuple(out))
+    per_call = [w for w, o in zip(out, owned) if not o]
+    if len(per_call) <= _MAX_WATCHED:
+        return tuple(out)
+    warnings.warn(
+        f"The step {getattr(fn, '__qualname__', fn)!r} reads more than {_MAX_WATCHED} "
+        f"Python values from its state; {describe(fn, per_call[_MAX_WATCHED][0])} and "
+        f"{len(per_call) - _MAX_WATCHED - 1} more keep the value they had when it was traced. "
+        "Pass changing numbers to strategy.run as arguments.",
+        RuntimeWarning,
+        stacklevel=7,
+    )
+    dropped = {id(w) for w in per_call[_MAX_WATCHED:]}
+    return tuple(w for w in out if id(w) not in dropped)
 
 
 def _expect_trace(fn: Callable, out: list, walked: list, named: set[str]) -> None:
