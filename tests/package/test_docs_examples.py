@@ -38,6 +38,7 @@ def test_the_examples_are_found():
         "guides/keras.md",
         "guides/checkpointing.md",
         "guides/cross-device-ops.md",
+        "guides/debugging.md",
         "guides/testing.md",
         "guides/multi-worker.md",
         "guides/recipes.md",

@@ -35,6 +35,7 @@ ALLOWED = {
     "api/errors.md",
     "guides/checkpointing.md",
     "guides/cross-device-ops.md",
+    "guides/debugging.md",
     "guides/guarantees.md",
     "guides/input.md",
     "guides/keras.md",
