@@ -133,6 +133,24 @@ def test_install_commands_work_on_a_clone():
             assert target != "conformance", page.name
 
 
+def test_every_extra_the_docs_install_is_in_pyproject():
+    """`pip install -e '.[checkpoint]'` on a page names an extra pyproject.toml defines (pip only
+    warns about an unknown one and installs without it)."""
+    pyproject = (ROOT / "pyproject.toml").read_text()  # read as text: tomllib is 3.11+
+    section = pyproject.split("[project.optional-dependencies]\n")[1].split("\n[")[0]
+    extras = set(re.findall(r"^([a-z][\w-]*) = \[", section, re.M))
+    assert {"keras", "checkpoint", "dev"} <= extras
+    pages = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    named = {
+        (page.name, extra.strip())
+        for page in pages
+        for group in re.findall(r"pip install[^\n]*?\.\[([\w,-]+)\]", page.read_text())
+        for extra in group.split(",")
+    }
+    assert ("checkpointing.md", "checkpoint") in named
+    assert {extra for _, extra in named} <= extras, named
+
+
 def table_pairs(text: str) -> list[tuple[str, str]]:
     """The (TF, jaxdist) cells of a Markdown table's rows, header and rule left out."""
     pairs = []
