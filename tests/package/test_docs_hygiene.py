@@ -151,6 +151,40 @@ def test_every_extra_the_docs_install_is_in_pyproject():
     assert {extra for _, extra in named} <= extras, named
 
 
+def glued_lists(text: str) -> list[str]:
+    """The list items of a page that follow a paragraph's line with no blank line between:
+    Python-Markdown (the site's renderer) runs them into the paragraph, a literal "- " in it.
+    Lines in code fences, table rows and a list's own continuation lines (indented) are not
+    paragraphs."""
+    hits, fenced, previous = [], False, ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced, previous = not fenced, ""
+            continue
+        if fenced:
+            continue
+        item = re.match(r"^(- |\* |\d+\. )", line)
+        paragraph = previous.strip() and not re.match(r"^(\s|- |\* |\d+\. |\||#|<|!!!|\?\?\?)", previous)
+        if item and paragraph:
+            hits.append(f"{previous.strip()[:50]!r} then {line[:30]!r}")
+        previous = line
+    return hits
+
+
+def test_every_list_starts_after_a_blank_line():
+    for page in sorted(DOCS.rglob("*.md")):
+        hits = glued_lists(page.read_text())
+        assert not hits, f"{page.relative_to(ROOT)}: a blank line before the list: {hits}"
+
+
+def test_a_list_glued_to_its_paragraph_is_found():
+    assert glued_lists("What it does:\n- **Variables.** one\n- two\n")
+    assert glued_lists("Steps:\n1. first\n")
+    assert not glued_lists("What it does:\n\n- one\n  more of one\n- two\n")
+    assert not glued_lists("```python\nx = 1\n- 2\n```\n")
+    assert not glued_lists("| a | b |\n- c\n")
+
+
 def table_pairs(text: str) -> list[tuple[str, str]]:
     """The (TF, jaxdist) cells of a Markdown table's rows, header and rule left out."""
     pairs = []
