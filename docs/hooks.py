@@ -13,7 +13,7 @@ import pathlib
 from mkdocs.exceptions import PluginError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-MODULES = {  # module -> (source file, API page's folder under the site)
+MODULES = {  # module -> (source file, API page under the site, without its .html)
     "jaxdist": ("jaxdist/__init__.py", "api/jaxdist"),
     "jaxdist.experimental": ("jaxdist/experimental.py", "api/experimental"),
     "jaxdist.nn": ("jaxdist/nn.py", "api/nn"),
@@ -36,7 +36,9 @@ def on_post_build(config, **kwargs) -> None:  # noqa: ARG001
     site = pathlib.Path(config["site_dir"])
     missing = []
     for module, (source, page) in MODULES.items():
-        html = (site / page / "index.html").read_text()
+        # mkdocs.yml's use_directory_urls: false builds api/jaxdist.html (true: api/jaxdist/index.html)
+        built = f"{page}/index.html" if config["use_directory_urls"] else f"{page}.html"
+        html = (site / built).read_text()
         for name in public_names(ROOT / source):
             if f"{module}.{name}" in MODULES:
                 continue
