@@ -164,7 +164,9 @@ def glued_lists(text: str) -> list[str]:
         if fenced:
             continue
         item = re.match(r"^(- |\* |\d+\. )", line)
-        paragraph = previous.strip() and not re.match(r"^(\s|- |\* |\d+\. |\||#|<|!!!|\?\?\?)", previous)
+        paragraph = previous.strip() and not re.match(
+            r"^(\s|- |\* |\d+\. |\||#|<|!!!|\?\?\?)", previous
+        )
         if item and paragraph:
             hits.append(f"{previous.strip()[:50]!r} then {line[:30]!r}")
         previous = line
