@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import types
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, cast
 
 import jax
@@ -43,6 +43,8 @@ from jaxdist._base.validate import describe, is_number
 from jaxdist._input import feeds as _feeds
 from jaxdist._input.iterators import DatasetIterator, DistributedIterator
 from jaxdist._program import compile as _compile
+from jaxdist._run import concrete as _concrete
+from jaxdist._run.signature import InputSignature, check_options
 from jaxdist._state import aggregation as _aggregation
 from jaxdist._state import arguments as _arguments
 from jaxdist._state import capture as _capture
@@ -171,6 +173,7 @@ class _Program:
             with _context.enter(_context.function_state(fn)), _feeds.feeding(feed):
                 out = fn(*args, **kwargs)
             flat, info["treedef"] = jax.tree.flatten(out)
+            info["specs"] = _concrete.output_specs(out)
             # an element of an iterator it read, returned as it is (a one-replica run returns
             # its argument): an output of the program, not the first call's array
             read = {id(x) for _, _, e in feed.used for x in jax.tree.leaves(e)}
@@ -213,17 +216,30 @@ class _Program:
         leaves = [next(it) if x is None else self.staged.output(fn, x) for x in layout]
         return jax.tree.unflatten(self._info["treedef"], leaves)
 
+    @property
+    def output_specs(self) -> Any:
+        """The outputs' structure with a `TensorSpec` per array (`concrete.output_specs`)."""
+        return self._info["specs"]
+
 
 class Function:
     """A function compiled whole, reading and writing its state as TF's ``tf.function``.
 
     Created by `function`; call it as the function. ``python_function`` is the
-    function it wraps.
+    function it wraps; ``input_signature`` the specs its calls are bound to (or None).
     """
 
-    def __init__(self, fn: Callable, name: str | None = None, donate_state: bool = False) -> None:
+    def __init__(
+        self,
+        fn: Callable,
+        name: str | None = None,
+        donate_state: bool = False,
+        signature: InputSignature | None = None,
+    ) -> None:
         self.python_function = fn
         self.donate_state = donate_state
+        self._signature = signature
+        self.input_signature = None if signature is None else signature.specs
         self.__name__ = name or getattr(fn, "__name__", "function")
         self.__doc__ = getattr(fn, "__doc__", None)
         self.__wrapped__ = fn
@@ -232,7 +248,8 @@ class Function:
         if obj is None:
             return self
         method = types.MethodType(self.python_function, obj)
-        return Function(method, self.__name__, self.donate_state)
+        sig = None if self._signature is None else self._signature.bound()
+        return Function(method, self.__name__, self.donate_state, sig)
 
     def __repr__(self) -> str:
         return f"<jd.function {describe(self.python_function)}>"
@@ -241,7 +258,30 @@ class Function:
         """How many times the function was traced (TF's name): one per signature and state."""
         return _compile.steps.size(self.python_function)
 
+    def get_concrete_function(self, *args: Any, **kwargs: Any) -> _concrete.ConcreteFunction:
+        """TF's ``get_concrete_function``: the function for these specs (or values).
+
+        With an ``input_signature``, the arguments may be left out (or must fit it). A
+        signature of fully known shapes is traced now; with ``None`` dimensions, at the calls
+        (one trace per shape, `jaxdist._run.concrete`).
+        """
+        fn, sig = self.python_function, self._signature
+        if _jax_internals.tracing():
+            raise RuntimeError(f"get_concrete_function of {describe(fn)} inside a JAX trace")
+        if sig is None:
+            sig = _concrete.signature_of(fn, args, kwargs)
+        given = sig.bind(args, kwargs) if args or kwargs else sig.structured()
+        made = _concrete.examples(*given)  # (traced now where every shape is known)
+        outputs = None if made is None else self._invoke(*made, run=False).output_specs
+        run = lambda a, k: self._invoke(a, k)  # noqa: E731
+        return _concrete.ConcreteFunction(str(self.__name__), sig, run, outputs)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._signature is not None:  # (checked before any work, as TF binds its inputs)
+            args, kwargs = self._signature.bind(args, kwargs)
+        return self._invoke(args, kwargs)
+
+    def _invoke(self, args: tuple, kwargs: dict, run: bool = True) -> Any:
         fn = self.python_function
         if _jax_internals.tracing():  # inside another trace: inline, the outer trace owns it
             return fn(*args, **kwargs)
@@ -251,7 +291,7 @@ class Function:
         try:
             try:
                 static = _STATIC_NUMBERS.get(code, False)
-                return self._call(fn, (args, kwargs), treedef, call, static)
+                return self._call(fn, (args, kwargs), treedef, call, static, run)
             except _user_errors.STEP_ERRORS as e:
                 if not _user_errors.is_step_error(e):
                     raise
@@ -262,7 +302,7 @@ class Function:
                 _STATIC_NUMBERS[code] = True
                 del e
             try:
-                return self._call(fn, (args, kwargs), treedef, call, True)
+                return self._call(fn, (args, kwargs), treedef, call, True, run)
             except _user_errors.STEP_ERRORS as e:
                 if not _user_errors.is_step_error(e):
                     raise
@@ -272,7 +312,9 @@ class Function:
         except StopIteration as e:  # TF raises its OutOfRangeError from the call
             raise OutOfRangeError(f"End of sequence in {describe(fn)}: {e}") from None
 
-    def _call(self, fn: Callable, given: tuple, treedef: Any, call: _Call, static: bool) -> Any:
+    def _call(
+        self, fn: Callable, given: tuple, treedef: Any, call: _Call, static: bool, run: bool
+    ) -> Any:
         leaves = call.leaves
         kinds, dyn, statics, key = [], [], [], []
         for i, x in enumerate(leaves):
@@ -302,6 +344,8 @@ class Function:
         )
         if entry.spread and not set(entry.spread) <= set(spread):
             _keep_spread(fn, list(dict.fromkeys([*spread, *entry.spread])))
+        if not run:  # (`get_concrete_function`: traced, not run)
+            return entry
         outs = entry.program(*dyn, *extra)
         entry.staged.write_back(root, outs)
         return entry.result(root, outs)
@@ -345,14 +389,21 @@ def _keep_spread(fn: Callable, places: list) -> None:
 
 
 def function(
-    fn: Callable | None = None,
+    func: Callable | None = None,
+    input_signature: Sequence[Any] | None = None,
+    autograph: bool = True,
+    jit_compile: bool | None = None,
+    reduce_retracing: bool = False,
+    experimental_implements: str | None = None,
+    experimental_autograph_options: Any = None,
+    experimental_attributes: dict | None = None,
+    experimental_relax_shapes: bool | None = None,
+    experimental_compile: bool | None = None,
+    experimental_follow_type_hints: bool | None = None,
     *,
     donate_state: bool = False,
-    jit_compile: bool | None = None,
-    autograph: bool = True,
-    reduce_retracing: bool = False,
 ) -> Any:
-    """TF's ``tf.function``: ``fn`` compiled whole, its state read and written as TF does.
+    """TF's ``tf.function``: ``func`` compiled whole, its state read and written as TF does.
 
     Use it as a decorator (on functions and methods) or call it on a function. The
     function may call ``strategy.run``, ``strategy.reduce`` and any JAX code; the
@@ -361,23 +412,40 @@ def function(
     ``next(iterator)`` of a distributed iterator inside it reads a new element on every
     call. Arrays and Python numbers in its arguments are traced (a number it needs the
     value of, ``range(steps)``, makes them static, as in TF); other Python values are
-    static.
+    static. It takes TF 2.21's arguments, in TF's order.
 
     Args:
-        fn: the function (or method) to compile.
+        func: the function (or method) to compile.
+        input_signature: a list or tuple of `TensorSpec` structures, one per argument
+            (``self`` takes none): every call is bound to it before any work, as TF binds
+            it (`jaxdist._run.signature`); a ``None`` dimension takes any size there.
+            JAX traces one program per concrete shape (TF one graph with unknown sizes).
+        autograph: TF's option. jaxdist has no AutoGraph: Python control flow runs at
+            trace time, which is ``autograph=False``'s meaning; with True, a Python ``if``
+            on a traced value is an error naming ``lax.cond``.
+        jit_compile: TF's option: XLA compiles every function (False is accepted, as TF
+            accepts it on TPUs, where XLA compiles everything too).
+        reduce_retracing: TF's option (accepted): JAX needs static shapes, so one trace
+            per shape stays one trace per shape; use ``None`` dimensions in an
+            ``input_signature`` to say which shapes may vary.
+        experimental_implements: TF's annotation of the function (a str; no effect).
+        experimental_autograph_options: AutoGraph's options (no effect: no AutoGraph).
+        experimental_attributes: TF's function attributes (a dict; no effect).
+        experimental_relax_shapes: the old name of ``reduce_retracing``.
+        experimental_compile: the old name of ``jit_compile``.
+        experimental_follow_type_hints: TF's option (no effect): arguments annotated as
+            tensors are traced in TF; jaxdist traces Python numbers already.
         donate_state: donate the buffers of the arrays it overwrites in its state
             (``self.params = new``) to the program (``jax.jit``'s ``donate_argnums``):
             their memory holds the new values; the old arrays are deleted after a call.
-        jit_compile: TF's option; XLA always compiles the function (accepted, no effect).
-        autograph: TF's option; Python control flow always runs at trace time, as with
-            ``autograph=False`` (accepted, no effect).
-        reduce_retracing: TF's option (accepted, no effect): shapes are not generalized.
 
     Returns:
-        A `Function` (or a decorator making one when ``fn`` is None).
+        A `Function` (or a decorator making one when ``func`` is None).
 
     Raises:
-        TypeError: ``fn`` is not callable, or ``donate_state`` is not a bool.
+        TypeError: ``func`` is not callable, an option has the wrong type, or
+            ``input_signature`` is not a structure of specs that fits ``func``'s
+            parameters (TF's rules).
 
     >>> import jax.numpy as jnp, jaxdist as jd
     >>> strategy = jd.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -396,12 +464,30 @@ def function(
     (2.0, 4.0)
     >>> float(t.w)
     3.0
+    >>> @jd.function(input_signature=[jd.TensorSpec((None,), "float32")])
+    ... def total(x):
+    ...     return x.sum()
+    >>> float(total(jnp.ones(3))), float(total([1.0, 2.0]))
+    (3.0, 3.0)
     """
     if type(donate_state) is not bool:
         raise TypeError(f"jd.function(donate_state=...) takes a bool; got {donate_state!r}.")
-    del jit_compile, autograph, reduce_retracing
-    if fn is None:
-        return functools.partial(function, donate_state=donate_state)
-    if not callable(fn):
-        raise TypeError(f"jd.function(fn) takes a function or method; got {type(fn).__name__}.")
-    return functools.wraps(fn, updated=())(Function(fn, donate_state=donate_state))
+    check_options(
+        autograph=autograph,
+        jit_compile=jit_compile,
+        reduce_retracing=reduce_retracing,
+        experimental_implements=experimental_implements,
+        experimental_attributes=experimental_attributes,
+        experimental_relax_shapes=experimental_relax_shapes,
+        experimental_compile=experimental_compile,
+        experimental_follow_type_hints=experimental_follow_type_hints,
+    )
+    if func is None:
+        return functools.partial(
+            function, input_signature=input_signature, donate_state=donate_state
+        )
+    if not callable(func):
+        raise TypeError(f"jd.function(func) takes a function or method; got {type(func).__name__}.")
+    sig = None if input_signature is None else InputSignature.of(func, input_signature)
+    made = Function(func, donate_state=donate_state, signature=sig)
+    return functools.wraps(func, updated=())(made)
