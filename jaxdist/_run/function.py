@@ -344,7 +344,8 @@ class Function:
         )
         if entry.spread and not set(entry.spread) <= set(spread):
             _keep_spread(fn, list(dict.fromkeys([*spread, *entry.spread])))
-        if not run:  # (`get_concrete_function`: traced, not run)
+        if not run:  # (`get_concrete_function`: traced, not run; the numbers put back)
+            entry.staged.unread(root)
             return entry
         outs = entry.program(*dyn, *extra)
         entry.staged.write_back(root, outs)
