@@ -6,6 +6,18 @@ fully known shapes is traced at once, as TF traces it (counted by
 ``experimental_get_tracing_count``, shared with the calls of those shapes), and has
 ``structured_outputs``; JAX traces a program per concrete shape, so a signature with a ``None``
 dimension is traced at the calls, one trace per shape met.
+
+>>> import jax.numpy as jnp, jaxdist as jd
+>>> def double(x):
+...     return {"y": x * 2}
+>>> f = jd.function(double)
+>>> concrete = f.get_concrete_function(jd.TensorSpec((3,), "float32"))
+>>> concrete.structured_input_signature
+((TensorSpec(shape=(3,), dtype=float32, name='x'),), {})
+>>> concrete.structured_outputs, f.experimental_get_tracing_count()
+({'y': TensorSpec(shape=(3,), dtype=float32, name=None)}, 1)
+>>> [float(v) for v in concrete(jnp.ones(3))["y"]]
+[2.0, 2.0, 2.0]
 """
 
 from __future__ import annotations

@@ -13,6 +13,19 @@ value (`PerReplica`, `Mirrored`) fits a spec when each replica's component does 
 ``PerReplicaSpec`` of it; a distributed dataset's ``element_spec`` is that spec).
 
 `ConcreteFunction` is TF's ``get_concrete_function()``: the function for one signature.
+
+>>> import jaxdist as jd
+>>> def scaled(self, x, k=2):
+...     return x * k
+>>> sig = InputSignature.of(scaled, [jd.TensorSpec((None,), "float32")])
+>>> print(sig)
+(self, x: TensorSpec(shape=(None,), dtype=float32, name=None), k=2)
+>>> args, kwargs = sig.bound().bind(([1.0, 2.0],), {})
+>>> args[0].dtype, args[0].shape, args[1]
+(dtype('float32'), (2,), 2)
+>>> sig.bound().bind(([1.0],), {"k": 3})
+Traceback (most recent call last):
+TypeError: Binding inputs to jd.function scaled failed due to `Can not cast 3 to Literal[2]`...
 """
 
 from __future__ import annotations
