@@ -163,6 +163,23 @@ def check_collectives(axis: str) -> None:
             raise _missing(f"the params {lost} of {name!r}", f"it has {sorted(seen[name])}")
 
 
+def host_effects(effects: Any) -> frozenset:
+    """``effects`` less the named axes' (a collective's, ``jax._src.core.NamedAxisEffect``):
+    what an equation does beyond its values, a host callback's (`jax.debug.callback`,
+    `jax.debug.print`, ``io_callback``) or a state's, which a replica runs once per replica.
+
+    >>> import jax
+    >>> def f(x):
+    ...     jax.debug.print("{x}", x=x)
+    ...     return jax.lax.psum(x, "i")
+    >>> eqns = jax.make_jaxpr(f, axis_env=[("i", 2)])(1.0).jaxpr.eqns
+    >>> [e.primitive.name for e in eqns if host_effects(e.effects)]
+    ['debug_print']
+    """
+    named = _core("NamedAxisEffect")
+    return frozenset(e for e in effects if not isinstance(e, named))
+
+
 # -- constants of nested jaxprs ----------------------------------------------------------------
 
 

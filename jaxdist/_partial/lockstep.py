@@ -49,7 +49,7 @@ from jax import lax
 from jax.extend import core
 
 from jaxdist._base.devices import AXIS
-from jaxdist._base.jax_internals import check_collectives
+from jaxdist._base.jax_internals import check_collectives, host_effects
 
 Value = tuple[Any, bool]
 Run = Generator[tuple, Any, list]
@@ -103,14 +103,26 @@ def rows(value: Value, size: int) -> list:
 # -- one group -------------------------------------------------------------------------------
 
 
-def _run(jaxpr: Any, consts: Sequence[Any], args: Sequence[Value], members: tuple) -> Run:
+def _run(
+    jaxpr: Any,
+    consts: Sequence[Any],
+    args: Sequence[Value],
+    members: tuple,
+    when: Value | None = None,
+) -> Run:
+    """One group's run of ``jaxpr``; ``when`` (a boolean per member, None: all) says which
+    members take it, for the callbacks in a ``cond`` branch."""
     env: dict = {v: (c, False) for v, c in zip(jaxpr.constvars, consts)}
     env.update(zip(jaxpr.invars, args))
     for step in _plan(jaxpr):
         if isinstance(step, _Segment):
             _evaluate(step, env, len(members))
             continue
-        outs = yield from _sync(step, [_read(env, v) for v in step.invars], members)
+        if isinstance(step, _Effect):
+            _each_member(step.eqn, env, len(members), when)
+            continue
+        ins = [_read(env, v) for v in step.invars]
+        outs = yield from _sync(step, ins, members, when)
         env.update((v, o) for v, o in zip(step.outvars, outs) if not isinstance(v, core.DropVar))
     return [_read(env, v) for v in jaxpr.outvars]
 
@@ -125,12 +137,22 @@ class _Segment(NamedTuple):
     outs: list
 
 
+class _Effect(NamedTuple):
+    """An equation with a host effect (a callback) and no collective: run per member."""
+
+    eqn: Any
+
+
 def _plan(jaxpr: Any) -> list:
-    """The equations as segments (no collective) and the equations between them."""
+    """The equations as segments (no collective, no host effect: those whose outputs are
+    used), and the equations between them (collectives, and the host effects, every one
+    run whether its outputs are used or not)."""
     steps: list = []
     for eqn in jaxpr.eqns:
         if _has_collective(eqn):
             steps.append(eqn)
+        elif host_effects(eqn.effects):
+            steps.append(_Effect(eqn))
         elif steps and isinstance(steps[-1], list):
             steps[-1].append(eqn)
         else:
@@ -138,7 +160,7 @@ def _plan(jaxpr: Any) -> list:
     live = {v for v in jaxpr.outvars if not isinstance(v, core.Literal)}
     plan: list = []
     for step in reversed(steps):
-        eqns = step if isinstance(step, list) else [step]
+        eqns = step if isinstance(step, list) else [getattr(step, "eqn", step)]
         defined = {v for e in eqns for v in e.outvars}
         used = [v for e in eqns for v in e.invars if not isinstance(v, core.Literal)]
         ins = [v for v in dict.fromkeys(used) if v not in defined]
@@ -181,9 +203,32 @@ def _effects(eqns: list) -> Any:
     return frozenset().union(*(e.effects for e in eqns))
 
 
-def _sync(eqn: Any, ins: list[Value], members: tuple) -> Run:
+def _each_member(eqn: Any, env: dict, size: int, when: Value | None) -> None:
+    """An equation with a host effect, run once for each member on its own values (as a
+    replica of a full batch runs it): under `jax.vmap` it would run once for the whole
+    group where no input varies (a collective's result), and an ordered effect cannot be
+    batched. In a ``cond`` branch (``when``), it runs on the members that take it."""
+    ins = list(dict.fromkeys(v for v in eqn.invars if not isinstance(v, core.Literal)))
+    outs = [v for v in eqn.outvars if not isinstance(v, core.DropVar)]
+    info = core.DebugInfo("partial-batch callback", "", tuple(map(str, ins)), tuple(map(str, outs)))
+    jaxpr = core.Jaxpr([], ins, outs, [eqn], eqn.effects, info)
+    fn = core.jaxpr_as_fun(core.ClosedJaxpr(jaxpr, []))
+    skip = lambda *_: [jnp.zeros(v.aval.shape, v.aval.dtype) for v in outs]  # noqa: E731
+    values = [env[v] for v in ins]
+    per: list = []
+    for j in range(size):
+        xs = [x[j] if batched else x for x, batched in values]
+        if when is None:
+            per.append(fn(*xs))
+        else:
+            flag, batched = when
+            per.append(lax.cond(flag[j] if batched else flag, fn, skip, *xs))
+    env.update((v, (jnp.stack([p[k] for p in per]), True)) for k, v in enumerate(outs))
+
+
+def _sync(eqn: Any, ins: list[Value], members: tuple, when: Value | None) -> Run:
     """An equation holding a collective: the collective itself (all groups stop here),
-    or a nested jaxpr entered."""
+    or a nested jaxpr entered (``when``: see `_run`)."""
     name = eqn.primitive.name
     if name == "axis_index":
         return [(jnp.asarray(members, jnp.int32), True)]
@@ -192,9 +237,9 @@ def _sync(eqn: Any, ins: list[Value], members: tuple) -> Run:
     if name in INLINE:
         sub = eqn.params[INLINE[name]]
         jaxpr, consts = (sub.jaxpr, sub.consts) if hasattr(sub, "consts") else (sub, [])
-        return (yield from _run(jaxpr, consts, ins, members))
+        return (yield from _run(jaxpr, consts, ins, members, when))
     if name == "cond":
-        return (yield from _cond(eqn, ins, members))
+        return (yield from _cond(eqn, ins, members, when))
     raise unsupported(name)
 
 
@@ -219,13 +264,14 @@ def unsupported(name: str) -> RuntimeError:
     )
 
 
-def _cond(eqn: Any, ins: list[Value], members: tuple) -> Run:
-    """Every branch runs (its collectives too, the same on every replica); each member
-    keeps the outputs of its own branch."""
+def _cond(eqn: Any, ins: list[Value], members: tuple, when: Value | None) -> Run:
+    """Every branch runs (its collectives too, the same on every replica; its callbacks
+    on the members that take it); each member keeps the outputs of its own branch."""
     (index, batched), ops = ins[0], ins[1:]
     branches = []
-    for branch in eqn.params["branches"]:
-        branches.append((yield from _run(branch.jaxpr, branch.consts, ops, members)))
+    for b, branch in enumerate(eqn.params["branches"]):
+        taken = _taken(index == b, batched, when)
+        branches.append((yield from _run(branch.jaxpr, branch.consts, ops, members, taken)))
     outs = []
     for column in zip(*branches):
         values = [(index, batched), *column]
@@ -235,6 +281,13 @@ def _cond(eqn: Any, ins: list[Value], members: tuple) -> Run:
             pick = jax.vmap(pick, in_axes=axes, axis_size=len(members))
         outs.append((pick(*[x for x, _ in values]), any(b for _, b in values)))
     return outs
+
+
+def _taken(hit: Any, batched: bool, when: Value | None) -> Value:
+    """The members that take a branch: ``hit`` (per member where ``batched``) and ``when``."""
+    if when is None:
+        return hit, batched
+    return jnp.logical_and(hit, when[0]), batched or when[1]
 
 
 # -- all groups -------------------------------------------------------------------------------
