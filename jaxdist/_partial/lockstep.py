@@ -13,7 +13,8 @@ This module evaluates the groups' jaxprs in the caller's trace, in lockstep:
 
 * the equations between two collectives run under `jax.vmap` over the group's
   members (a value every member shares, such as a collective's result, stays
-  unbatched);
+  unbatched), those with a host effect (a callback) once per member, used or not
+  (`jaxdist._partial.callbacks`);
 * at a collective every group stops, and the result is computed from every
   replica's value (`combine`), in replica order;
 * a nested jaxpr that holds a collective is entered (``checkpoint`` and
@@ -50,6 +51,7 @@ from jax.extend import core
 
 from jaxdist._base.devices import AXIS
 from jaxdist._base.jax_internals import check_collectives, host_effects
+from jaxdist._partial import callbacks as _callbacks
 
 Value = tuple[Any, bool]
 Run = Generator[tuple, Any, list]
@@ -119,7 +121,7 @@ def _run(
             _evaluate(step, env, len(members))
             continue
         if isinstance(step, _Effect):
-            _each_member(step.eqn, env, len(members), when)
+            _callbacks.each_member(step.eqn, env, len(members), when)
             continue
         ins = [_read(env, v) for v in step.invars]
         outs = yield from _sync(step, ins, members, when)
@@ -203,29 +205,6 @@ def _effects(eqns: list) -> Any:
     return frozenset().union(*(e.effects for e in eqns))
 
 
-def _each_member(eqn: Any, env: dict, size: int, when: Value | None) -> None:
-    """An equation with a host effect, run once for each member on its own values (as a
-    replica of a full batch runs it): under `jax.vmap` it would run once for the whole
-    group where no input varies (a collective's result), and an ordered effect cannot be
-    batched. In a ``cond`` branch (``when``), it runs on the members that take it."""
-    ins = list(dict.fromkeys(v for v in eqn.invars if not isinstance(v, core.Literal)))
-    outs = [v for v in eqn.outvars if not isinstance(v, core.DropVar)]
-    info = core.DebugInfo("partial-batch callback", "", tuple(map(str, ins)), tuple(map(str, outs)))
-    jaxpr = core.Jaxpr([], ins, outs, [eqn], eqn.effects, info)
-    fn = core.jaxpr_as_fun(core.ClosedJaxpr(jaxpr, []))
-    skip = lambda *_: [jnp.zeros(v.aval.shape, v.aval.dtype) for v in outs]  # noqa: E731
-    values = [env[v] for v in ins]
-    per: list = []
-    for j in range(size):
-        xs = [x[j] if batched else x for x, batched in values]
-        if when is None:
-            per.append(fn(*xs))
-        else:
-            flag, batched = when
-            per.append(lax.cond(flag[j] if batched else flag, fn, skip, *xs))
-    env.update((v, (jnp.stack([p[k] for p in per]), True)) for k, v in enumerate(outs))
-
-
 def _sync(eqn: Any, ins: list[Value], members: tuple, when: Value | None) -> Run:
     """An equation holding a collective: the collective itself (all groups stop here),
     or a nested jaxpr entered (``when``: see `_run`)."""
@@ -270,7 +249,7 @@ def _cond(eqn: Any, ins: list[Value], members: tuple, when: Value | None) -> Run
     (index, batched), ops = ins[0], ins[1:]
     branches = []
     for b, branch in enumerate(eqn.params["branches"]):
-        taken = _taken(index == b, batched, when)
+        taken = _callbacks.taken(index == b, batched, when)
         branches.append((yield from _run(branch.jaxpr, branch.consts, ops, members, taken)))
     outs = []
     for column in zip(*branches):
@@ -281,13 +260,6 @@ def _cond(eqn: Any, ins: list[Value], members: tuple, when: Value | None) -> Run
             pick = jax.vmap(pick, in_axes=axes, axis_size=len(members))
         outs.append((pick(*[x for x, _ in values]), any(b for _, b in values)))
     return outs
-
-
-def _taken(hit: Any, batched: bool, when: Value | None) -> Value:
-    """The members that take a branch: ``hit`` (per member where ``batched``) and ``when``."""
-    if when is None:
-        return hit, batched
-    return jnp.logical_and(hit, when[0]), batched or when[1]
 
 
 # -- all groups -------------------------------------------------------------------------------
