@@ -17,6 +17,7 @@ import numpy as np
 
 from jaxdist._base.reduce_op import ReduceOp
 from jaxdist._keras.tfloss import tf_meaning
+from jaxdist._state.aggregation import host_read
 from jaxdist._strategy.nn import div_no_nan
 
 
@@ -183,12 +184,12 @@ class Layout:
         self.sharding = variable_sharding(strategy)
         self.slots = tuple((1, i) for i in self.own)
         self.keys = tuple(("ntv", i) for i in self.own)  # the same in train and test functions
-        self.reads = ("first",) * len(self.own)
+        self.reads = ("none",) * len(self.own)  # (how each is read: `host_read`)
         if metrics is not None:  # the part of Keras' state that holds the metric variables
             mv = model.metrics_variables
             self.slots += tuple((metrics, j) for j in range(len(mv)))
             self.keys += tuple(("metric", j) for j in range(len(mv)))
-            self.reads += tuple(_read_of(v.aggregation) for v in mv)
+            self.reads += tuple(str(v.aggregation) for v in mv)
 
     def with_copies(self, state: Any, copies: tuple, ctx: Any) -> Any:
         """The replica's state: its own copies of the per-replica variables."""
@@ -205,13 +206,9 @@ class Layout:
         return tuple(state[p][i][None] for p, i in self.slots)
 
     def primary(self, k: int, copies: Any) -> Any:
-        """Slot ``k``'s value as Keras reads it outside the replicas, from every copy."""
-        read = self.reads[k]
-        if read == "sum":
-            return jnp.sum(copies, axis=0, dtype=copies.dtype)
-        if read == "mean":
-            return jnp.mean(copies, axis=0, dtype=copies.dtype)
-        return copies[0]
+        """Slot ``k``'s value as Keras reads it outside the replicas, from every copy (TF's
+        rule, `host_read`: replica 0's for aggregation ``"none"``, TF's primary)."""
+        return host_read(copies, self.reads[k])
 
     def spread(self, k: int, value: Any, n: int) -> Any:
         """Every replica's copy of slot ``k`` from a value Keras holds (set from outside: a
@@ -240,11 +237,6 @@ class Layout:
     def place(self, state: Any) -> Any:
         """Keras' state as mirrored arrays (replicated on the replica devices)."""
         return jax.tree.map(lambda v: jax.lax.with_sharding_constraint(v, self.sharding), state)
-
-
-def _read_of(aggregation: str) -> str:
-    """How TF reads a sync-on-read variable outside the replicas (``"none"``: as replica 0's)."""
-    return {"sum": "sum", "mean": "mean"}.get(aggregation, "first")
 
 
 def variable_sharding(strategy: Any) -> jax.sharding.Sharding:

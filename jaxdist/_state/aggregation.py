@@ -2,11 +2,14 @@
 
 A TF variable says how replicas share it: ``synchronization`` (on write: one value every
 replica reads; on read: each replica its own, aggregated when the host reads it) and
-``aggregation`` (how replicas' values combine: ``SUM``, ``MEAN``, ``ONLY_FIRST_REPLICA``).
-Keras variables carry both. `rule` reads them off the variable a place belongs to; `kept`
-gives what the place keeps of a replica step's stacked output by that rule (a `SyncOnRead`
-value for an on-read variable); `on_read_rows` spreads a value the host assigned to an
-on-read variable over the replicas as TF does.
+``aggregation`` (how replicas' values combine: ``SUM``, ``MEAN``, ``ONLY_FIRST_REPLICA``,
+``NONE``). Keras variables carry both. `rule` reads them off the variable a place belongs
+to; `kept` gives what the place keeps of a replica step's stacked output by that rule (a
+`SyncOnRead` value for an on-read variable, a `MirroredPerReplica` for a mirrored one of
+aggregation ``NONE`` whose replicas assigned different values); `host_read` is TF's read of
+such a value outside the replicas (the one home of that rule: ``fit``'s per-replica copies
+are read through it too); `on_read_rows` spreads a value the host assigned to an on-read
+variable over the replicas as TF does.
 """
 
 from __future__ import annotations
@@ -30,32 +33,43 @@ from jaxdist._values.layout import stacked
 from jaxdist._values.values import DistributedValues, PerReplica, register
 
 
-@register
-@dataclasses.dataclass(frozen=True, eq=False, repr=False, init=False)
-class SyncOnRead(PerReplica):
-    """TF's sync-on-read variable's value (a Keras metric's total): each replica holds its
-    own and reads it in its step; read as one array (``jnp.asarray``, ``np.asarray``,
-    ``float``, Keras' ``metric.result()``), it is the replicas' aggregate: their sum.
-    ``strategy.reduce`` and ``experimental_local_results`` see its components.
+def host_read(data: Any, aggregation: str) -> Any:
+    """TF's read outside the replicas of a variable's values per replica (``data``: stacked,
+    row ``i`` replica ``i``'s), by its ``aggregation``: the sum for ``"sum"``, the mean for
+    ``"mean"`` (in the variable's dtype: a variable's value keeps its dtype), else replica
+    0's: ``ONLY_FIRST_REPLICA``, and ``NONE``, TF's primary component of a mirrored
+    variable whose replicas assigned their own values (a ``BatchNormalization``'s moving
+    statistics).
 
     >>> import jax.numpy as jnp
-    >>> v = SyncOnRead.from_stacked(jnp.asarray([1.0, 2.0, 4.0]))
-    >>> float(v), [float(x) for x in v.values], SyncOnReadMean.from_stacked(v.values[0][None]).shape
-    (7.0, [1.0, 2.0, 4.0], ())
+    >>> [float(host_read(jnp.asarray([1.0, 2.0, 6.0]), a)) for a in ("sum", "mean", "none")]
+    [9.0, 3.0, 1.0]
     """
+    if aggregation == "sum":
+        return jnp.sum(data, axis=0, dtype=data.dtype)
+    if aggregation == "mean":
+        return jnp.mean(data, axis=0, dtype=data.dtype)
+    return data[0]
 
-    aggregation = "sum"
+
+@register
+@dataclasses.dataclass(frozen=True, eq=False, repr=False, init=False)
+class HostReadable(PerReplica):
+    """A variable's values per replica, read as one array on the host (``jnp.asarray``,
+    ``np.asarray``, ``float``, a Keras variable's ``numpy()``, ``model.get_weights()``) by
+    its ``aggregation`` (`host_read`); each replica reads its own in its step, and
+    ``strategy.reduce`` and ``experimental_local_results`` see its components."""
+
+    aggregation = "none"
 
     def _read(self) -> Any:
         data = stacked(self)
         if data is None:  # components of several shapes: not one value
             raise TypeError(f"A {type(self).__name__} of parts cannot be read as one array.")
-        if self.aggregation == "only_first_replica":
-            return data[0]
-        reduced = jnp.sum(data, axis=0) if self.aggregation == "sum" else jnp.mean(data, 0)
-        if isinstance(reduced, jax.core.Tracer) or not isinstance(data, jax.Array):
-            return reduced
-        return jnp.asarray(np.asarray(reduced))  # one host value, on the default device
+        value = host_read(data, self.aggregation)
+        if isinstance(value, jax.core.Tracer) or not isinstance(data, jax.Array):
+            return value
+        return jnp.asarray(np.asarray(value))  # one host value, on the default device
 
     def __jax_array__(self) -> Any:
         return self._read()
@@ -83,6 +97,40 @@ class SyncOnRead(PerReplica):
 
 @register
 @dataclasses.dataclass(frozen=True, eq=False, repr=False, init=False)
+class MirroredPerReplica(HostReadable):
+    """A mirrored variable of aggregation ``NONE`` whose replicas assigned it different
+    values (a Keras ``BatchNormalization``'s moving statistics in a custom loop): each
+    replica keeps and reads its own, as TF's ``MirroredVariable`` updates each component on
+    its own device; read on the host, it is replica 0's (TF's primary component).
+
+    >>> import jax.numpy as jnp, numpy as np
+    >>> v = MirroredPerReplica.from_stacked(jnp.asarray([[1.0, 2.0], [3.0, 4.0]]))
+    >>> np.asarray(v).tolist(), [x.tolist() for x in v.values]
+    ([1.0, 2.0], [[1.0, 2.0], [3.0, 4.0]])
+    """
+
+    aggregation = "none"
+
+
+@register
+@dataclasses.dataclass(frozen=True, eq=False, repr=False, init=False)
+class SyncOnRead(HostReadable):
+    """TF's sync-on-read variable's value (a Keras metric's total): each replica holds its
+    own and reads it in its step; read as one array (``jnp.asarray``, ``np.asarray``,
+    ``float``, Keras' ``metric.result()``), it is the replicas' aggregate: their sum.
+    ``strategy.reduce`` and ``experimental_local_results`` see its components.
+
+    >>> import jax.numpy as jnp
+    >>> v = SyncOnRead.from_stacked(jnp.asarray([1.0, 2.0, 4.0]))
+    >>> float(v), [float(x) for x in v.values], SyncOnReadMean.from_stacked(v.values[0][None]).shape
+    (7.0, [1.0, 2.0, 4.0], ())
+    """
+
+    aggregation = "sum"
+
+
+@register
+@dataclasses.dataclass(frozen=True, eq=False, repr=False, init=False)
 class SyncOnReadMean(SyncOnRead):
     """A `SyncOnRead` read as the replicas' mean (TF's ``aggregation=MEAN``)."""
 
@@ -104,7 +152,8 @@ def rule(fn: Callable, chain: Chain) -> str | None:
     """How a value assigned at ``chain`` is kept, by the variable that holds it (TF's and
     Keras' ``synchronization`` and ``aggregation``, read off the object the place belongs
     to: a Keras variable's ``_value``): ``"on_read:<aggregation>"``, an on-write
-    aggregation (``"mean"``, ``"only_first_replica"``), or None (a plain place)."""
+    aggregation (``"mean"``, ``"only_first_replica"``, ``"none"``), or None (a plain place,
+    an on-write ``"sum"``)."""
     try:
         owner = _chains.fetch(fn, chain[:-1])
     except _chains.Gone:
@@ -112,7 +161,9 @@ def rule(fn: Callable, chain: Chain) -> str | None:
     sync, agg = _setting(owner, "synchronization"), _setting(owner, "aggregation")
     if sync == "on_read":
         return f"on_read:{agg if agg in _ON_READ else 'sum'}"
-    return agg if agg in ("mean", "only_first_replica") else None
+    if sync is None:  # (not a variable)
+        return None
+    return agg if agg in ("mean", "only_first_replica", "none") else None
 
 
 def rules(fn: Callable, records: list) -> list:
@@ -141,14 +192,18 @@ def _name(value: Any) -> str | None:
 
 def kept(value: Any, varies: bool, how: str | None, first: Callable) -> Any:
     """What a place keeps of a replica step's stacked output ``value`` by its rule (`rule`):
-    a `SyncOnRead` for an on-read variable, the mean or ``first(value)`` (the first row)
-    for an on-write one that varies, else None (the caller's default)."""
+    a `SyncOnRead` for an on-read variable; for an on-write one that varies, the mean,
+    ``first(value)`` (the first row) or, for aggregation ``"none"``, each replica's own (a
+    `MirroredPerReplica`, read on the host as replica 0's); else None (the caller's
+    default)."""
     if how is None:
         return None
     if how.startswith("on_read:"):
         return _ON_READ[how.split(":", 1)[1]].from_stacked(value)
     if not varies:
         return None
+    if how == "none":
+        return MirroredPerReplica.from_stacked(value)
     return jnp.mean(value, axis=0) if how == "mean" else first(value)
 
 
