@@ -40,11 +40,13 @@ from keras.src.trainers.data_adapters.data_adapter import DataAdapter
 
 from jaxdist._base import context as _context
 from jaxdist._input.iterators import DistributedDataset
+from jaxdist._keras import batches as _keras_batches
 from jaxdist._keras import replica as _keras_replica
 from jaxdist._keras import steps as _keras_steps
 from jaxdist._keras import syncbn as _keras_syncbn
 from jaxdist._keras import typed as _keras_typed
 from jaxdist._keras import variables as _keras_variables
+from jaxdist._keras.batches import OneDeviceLayout
 
 SUPPORTED = ((3, 10), (3, 16))
 """Keras versions this module is written against: ``>= 3.10, < 3.16``."""
@@ -84,24 +86,13 @@ def check_keras() -> None:
         )
 
 
-class _OneDeviceLayout(keras.distribution.TensorLayout):
-    """A data layout that keeps a host batch on one device (the step splits it TF's way)."""
-
-    def __init__(self, sharding: jax.sharding.Sharding) -> None:
-        super().__init__([None])
-        self.sharding = sharding
-
-    @property
-    def backend_layout(self) -> jax.sharding.Sharding:
-        return self.sharding
-
-
 class StrategyDistribution(keras.distribution.DataParallel):
     """Keras' distribution hook for a jaxdist strategy's scope.
 
     Variables are replicated on the strategy's replica devices (mirrored, as TF's
     ``MirroredVariable``); input batches stay whole on the first replica device,
-    for the strategy's own split; intermediate tensors keep their layout.
+    for the strategy's own split (and Keras' epoch iterator hands them over as the host
+    has them: `jaxdist._keras.batches`); intermediate tensors keep their layout.
     """
 
     def __init__(self, strategy: Any) -> None:
@@ -112,7 +103,7 @@ class StrategyDistribution(keras.distribution.DataParallel):
         self.variable_sharding = _keras_replica.variable_sharding(strategy)
         # this process's first replica device (several workers: device 0 may be another's)
         local = [d for d in devices if d.process_index == jax.process_index()] or devices
-        self.data_layout = _OneDeviceLayout(jax.sharding.SingleDeviceSharding(local[0]))
+        self.data_layout = OneDeviceLayout(jax.sharding.SingleDeviceSharding(local[0]))
 
     def get_variable_layout(self, variable: Any) -> jax.sharding.Sharding:
         key = id(variable)
@@ -210,6 +201,7 @@ def _install() -> None:
     _keras_syncbn.install()
     _keras_variables.install()
     _keras_typed.install()
+    _keras_batches.install()
     _PATCHED["__init__"] = keras.Model.__init__
     keras.Model.__init__ = _remembering_its_scope(keras.Model.__init__)
     for kind in ("train", "test", "predict"):
