@@ -3,6 +3,7 @@ own process, rounds interleaved.
 
 python -m benchmarks.bench_keras [--quick]
 python -m benchmarks.bench_keras --accelerator [--quick]   # on jax.devices(), e.g. one GPU
+python -m benchmarks.bench_keras --tiny [--quick]   # the tiny one-device rows alone
 
 Models: an MLP (784-512-512-10) and a small conv net with BatchNormalization (28x28x1, conv 16,
 BN, conv 32 stride 2, BN, global pooling, Dense 10), global batch 256, SGD 0.1, 8 simulated CPU
@@ -305,6 +306,23 @@ def accelerator(rounds=5):
     return {"title": "bench_keras --accelerator", **results, "markdown": "\n".join(parts)}
 
 
+def tiny_only(rounds=5):
+    """``--tiny``: the tiny model's plain Keras ``fit`` against ``fit`` of the model built in a
+    one-device ``jd.MirroredStrategy(["/cpu:0"])`` scope (fit outside the scope: it enters
+    the model's strategy), two processes of each, rounds interleaved."""
+    from benchmarks import common
+
+    out = group("tiny", TINY, rounds)
+    rows = _rows(out, "tiny_plain")[0]
+    p = pooled(out, ["tiny_plain", "tiny_plain_again"])
+    h = ["loop", "ms/step median (range)", "tiny_plain time / this (range)", "first epoch s"]
+    pooled_line = (
+        f"Pooled (both plain processes' time / both jaxdist processes', per round): "
+        f"{p['speed']:.2f} ({p['range'][0]:.2f}-{p['range'][1]:.2f})"
+    )
+    return "\n".join([common.table(h, rows), "", pooled_line])
+
+
 def override_only(rounds=5):
     """``--override``: the MLP's ``fit`` with a model's own ``train_step`` (Keras' body, run as
     an override) against the built-in step's, on 8 simulated devices."""
@@ -351,6 +369,8 @@ if __name__ == "__main__":
         i = sys.argv.index("--worker")
         kind, how, spe, devices = sys.argv[i + 1 : i + 5]
         worker(kind, how, int(spe), int(devices))
+    elif "--tiny" in sys.argv:
+        print(tiny_only(rounds=3 if "--quick" in sys.argv else 5))
     elif "--override" in sys.argv:
         print(override_only(rounds=3 if "--quick" in sys.argv else 5))
     elif "--accelerator" in sys.argv:
