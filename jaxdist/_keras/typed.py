@@ -5,7 +5,9 @@ variables, optimizers, metrics and losses (`jaxdist._state.typed`). Every assign
 or deletion of an attribute of one of those objects goes through its class's
 ``__setattr__`` / ``__delattr__``; `install` wraps the ones of Keras' base classes
 (``Layer``, which models and metrics' layers derive from, ``Metric``, the optimizers'
-base, ``Loss`` and ``Variable``, the last two with ``object``'s) so that each draws a
+base, ``Loss`` and ``Variable``, and the configuration objects they hold: learning-rate
+schedules, regularizers, constraints, initializers, dtype policies and input specs, the
+last ones with ``object``'s) so that each draws a
 new epoch before it assigns. The one assignment it leaves out is a variable's array
 (``Variable._value``, Keras' private name for it: assigned on every optimizer step), which
 the step reads as an input, checked by its shape and dtype on every call, never as a
@@ -42,6 +44,14 @@ def _classes() -> list[type]:
         keras.optimizers.Optimizer.__mro__[1],  # the optimizers' base (BaseOptimizer)
         keras.losses.Loss,
         _KerasVariable,
+        # the objects a layer or an optimizer holds as its configuration, whose attributes
+        # a program may change (``opt.learning_rate``'s schedule, ``kernel_regularizer.l2``)
+        keras.optimizers.schedules.LearningRateSchedule,
+        keras.regularizers.Regularizer,
+        keras.constraints.Constraint,
+        keras.initializers.Initializer,
+        keras.DTypePolicy,
+        keras.InputSpec,
     ]
 
 

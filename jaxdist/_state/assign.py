@@ -35,6 +35,7 @@ from jaxdist._state import capture as _capture
 from jaxdist._state import chains as _chains
 from jaxdist._state import opened as _opened
 from jaxdist._state import peek as _peek
+from jaxdist._state import typed as _typed
 from jaxdist._state.chains import Chain
 
 MISSING = object()  # a place that did not exist (an attribute the trace created)
@@ -151,10 +152,13 @@ def replace(fn: Callable, chain: Chain, value: Any, undo: bool = True) -> list[t
         setter = _SETTERS.get(kind)
         if setter is not None and _mutable(parent, kind):
             old = _old(parent, kind, key) if undo else MISSING
+            was = _typed.held(parent, kind, key)
             try:
                 setter(parent, key, value)
             except (AttributeError, TypeError, IndexError, KeyError) as e:
                 raise NotAPlace(str(e)) from None
+            if was is not value:  # (past a Keras object's barrier: an epoch drawn)
+                _typed.written(fn, chain)
             return [(chain, old)] if undo else []
         value, chain = _rebuilt(parent, kind, key, value), chain[:-1]
     raise NotAPlace("the step function itself")

@@ -128,7 +128,7 @@ class Calls:
             return
         before = self._checker.epochs()
         self._write_back(fn, outs)
-        self._checker.absorb(before)
+        self._checker.absorb(fn, before)
 
     def _write_back(self, fn: Callable, outs: list) -> None:
         # (a step assigning its captures: its watched keys taken as written below only if

@@ -80,6 +80,37 @@ def _programs_class(cls: type) -> bool:
 _PROGRAMS: dict[int, tuple[Any, bool]] = {}  # id(class) -> (class, the program's?)
 
 
+def held(parent: Any, kind: str, key: Any) -> Any:
+    """What ``parent`` holds at the step ``(kind, key)`` before jaxdist writes there (a
+    value that stays the same object is no change: Keras' ``_called``, written back on
+    every call as True); a fresh object where barriers are not installed or nothing is."""
+    if not _BARRIERS:
+        return _GONE
+    try:
+        return _chains.fetch(parent, ((kind, key),))
+    except (_chains.Gone, LookupError, AttributeError, TypeError):
+        return _GONE
+
+
+def written(fn: Callable, chain: Chain) -> None:
+    """Draws a new `epoch` where jaxdist itself wrote at ``chain`` inside a typed object
+    (a step's write-back, `jaxdist._state.assign.replace`: it writes an instance's
+    dictionary or a list's item directly, past any barrier), so that what is compared
+    only after the epoch moved is compared again. Only the first number: the program's
+    epoch is the program's own assignments, and a step's write-back is not one."""
+    if not _BARRIERS or (chain and chain[-1][0] == "attr" and chain[-1][1] in _UNWATCHED):
+        return  # (a variable's array: never compared as a watched value)
+    obj: Any = fn
+    for link in chain[:-1]:
+        try:
+            obj = _chains.fetch(obj, (link,))
+        except _chains.Gone:
+            break
+        if _is_typed(obj):
+            bump()
+            return
+
+
 def register(barrier: Callable, unwatched: frozenset = frozenset()) -> None:
     """Names a library's wrapped ``__setattr__`` or ``__delattr__``, which calls `bump` on
     every assignment but those of the attributes named in ``unwatched`` (never covered)."""
@@ -149,10 +180,26 @@ def _owned(chain: Chain, how: str, at: Callable[[Chain], Any]) -> bool:
         kind, key = chain[k]
         if kind in _LEAVING_STEPS or (kind == "attr" and key in _UNWATCHED):
             return False
+        if kind in _CLASS_STEPS and _class_data(at(chain[:k]), kind, key):
+            return False  # (a class's attribute: ``Scale.factor = 3.0`` passes no barrier)
         obj = at(chain[: k + 1])
         if obj is _GONE or (k + 1 < len(chain) and _programs(obj)):
             return False
     return not _programs(at(chain)) or how != "type"
+
+
+_CLASS_STEPS = frozenset({"getattr", "meth"})  # the steps that may read a class's data
+
+
+def _class_data(obj: Any, kind: str, key: Any) -> bool:
+    """Whether the step reads ``obj``'s class (a method, a class attribute), which an
+    instance's barrier does not guard, rather than its own attribute (or slot)."""
+    if kind == "meth" or obj is _GONE:
+        return True
+    own = _peek.instance_dict(obj)
+    if own is not None and key in own:
+        return False
+    return type(_peek.type_lookup(type(obj), key)) is not types.MemberDescriptorType
 
 
 def _is_typed(obj: Any) -> bool:
@@ -211,13 +258,17 @@ class Guarded:
         """The epochs now, taken before the step's write-back (for `absorb`)."""
         return _EPOCH[0], _EPOCH[1]
 
-    def absorb(self, before: tuple[int, int]) -> None:
+    def absorb(self, fn: Callable, before: tuple[int, int]) -> None:
         """Takes the assignments of the step's own write-back, made since ``before``
         (`epochs`), as no change: where nothing else had moved the epochs."""
         if self._programs is not None and self._programs == before[1]:
             self._programs = _EPOCH[1]
-        if self._held is not None and self._held == before[0]:
-            self._held = _EPOCH[0]
+        if self._held is not None and self._held == before[0] and _EPOCH[0] != before[0]:
+            # (what it wrote may be what it read, ``d.mode = "b"`` after reading "a": the
+            # values compared once now, and taken as holding only if they still do)
+            now = _EPOCH[0]
+            if self._covered is not None and not self._covered.changed(fn):
+                self._held = now
 
     def rewrite(self, fn: Callable) -> None:
         self._rest.rewrite(fn)

@@ -6,7 +6,9 @@ Each case changes what a compiled step depends on, on the host between calls, an
 next call against the same computation in NumPy (and the number of traces). Cases: a layer's
 ``trainable``, a number on a layer of the program's own class, a list on such a layer appended
 and set in place (Keras' tracked list), a dict on it, a config object of the program's held by a
-layer (no barrier: compared on every call), a layer added to a model.
+layer (no barrier: compared on every call), a layer added to a model, a schedule's and a
+regularizer's attribute, a class attribute read through a layer, and a value a step reads
+and writes back in a layer (the write-back passes no barrier).
 """
 
 import os
@@ -199,3 +201,95 @@ def test_the_private_keras_names_the_barrier_relies_on_exist():
     assert typed.epoch() == before
     v.trainable = False
     assert typed.epoch() > before
+
+
+def _stateless_step(strategy, model, traces, factor=lambda: 1.0):
+    @jd.function
+    def step(x):
+        traces.append(1)
+
+        def replica(xb):
+            tv = [v.value for v in model.trainable_variables]
+            ntv = [v.value for v in model.non_trainable_variables]
+            out, _ = model.stateless_call(tv, ntv, xb)
+            return jnp.sum(out) * factor() + sum(model.losses)
+
+        return strategy.reduce("MEAN", strategy.run(replica, args=(x,)), axis=None)
+
+    return step
+
+
+def test_a_changed_schedule_or_regularizer_held_by_a_keras_object_is_seen():
+    # (a schedule and a regularizer are Keras' own objects, not a layer's: their attributes
+    # change with no layer's barrier, so they are typed themselves)
+    strategy = mirrored(2)
+    with strategy.scope():
+        schedule = keras.optimizers.schedules.ExponentialDecay(1.0, 1, 0.5)
+        dense = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+        dense.kernel_regularizer = keras.regularizers.L2(0.5)
+        model = keras.Sequential([keras.Input((2,)), dense])
+        opt = keras.optimizers.SGD(schedule)
+        opt.build(model.trainable_variables)
+    del schedule
+    traces = []
+    step = _stateless_step(strategy, model, traces, lambda: opt._learning_rate(0))
+    x = np.ones((4, 2), np.float32)
+    assert float(step(x)) == float(step(x)) == 8.0 + 1.0
+    opt._learning_rate.initial_learning_rate = 2.0
+    np.testing.assert_allclose(float(step(x)), 16.0 + 1.0)
+    dense.kernel_regularizer.l2 = 1.0
+    np.testing.assert_allclose(float(step(x)), 16.0 + 2.0)
+
+
+def test_a_class_attribute_read_through_a_layer_is_compared_on_every_call():
+    class Scaled(keras.layers.Layer):
+        factor = 2.0
+
+        def call(self, x):
+            return x * self.factor
+
+    strategy = mirrored(2)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((3,)),
+                keras.layers.Dense(1, use_bias=False, kernel_initializer="ones"),
+                Scaled(),
+            ]
+        )
+    traces = []
+    step = _stateless_step(strategy, model, traces)
+    x = np.ones((2, 3), np.float32)
+    assert float(step(x)) == float(step(x)) == 12.0
+    Scaled.factor = 3.0  # the class's: no instance's barrier sees it
+    np.testing.assert_allclose(float(step(x)), 18.0)
+
+
+def test_a_step_writing_a_value_it_read_in_a_keras_object_is_traced_for_the_new_one():
+    # the write-back writes the layer's dictionary past its barrier: an epoch is drawn, and
+    # the step's own trace holds only if what it read still is what it wrote
+    strategy = mirrored(2)
+    with strategy.scope():
+        dense = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+        dense.build((None, 3))
+    dense.mode = "a"
+
+    @jd.function
+    def step(x):
+        def replica(xb):
+            k = 1.0 if dense.mode == "a" else 10.0
+            dense.mode = "b" if dense.mode == "a" else "a"
+            return jnp.sum(dense(xb)) * k
+
+        return strategy.reduce("MEAN", strategy.run(replica, args=(x,)), axis=None)
+
+    @jd.function
+    def reader(x):
+        k = strategy.run(lambda xb: jnp.sum(dense(xb)) * (1.0 if dense.mode == "a" else 10.0), (x,))
+        return strategy.reduce("MEAN", k, axis=None)
+
+    x = np.ones((2, 3), np.float32)
+    for _ in range(6):
+        expected = 6.0 * (1.0 if dense.mode == "a" else 10.0)
+        np.testing.assert_allclose(float(reader(x)), expected)
+        np.testing.assert_allclose(float(step(x)), expected)
