@@ -84,8 +84,8 @@ def held(parent: Any, kind: str, key: Any) -> Any:
     """What ``parent`` holds at the step ``(kind, key)`` before jaxdist writes there (a
     value that stays the same object is no change: Keras' ``_called``, written back on
     every call as True); a fresh object where barriers are not installed or nothing is."""
-    if not _BARRIERS:
-        return _GONE
+    if not _BARRIERS or (kind == "attr" and key in _UNWATCHED):
+        return _GONE  # (`written` draws nothing for a variable's array)
     try:
         return _chains.fetch(parent, ((kind, key),))
     except (_chains.Gone, LookupError, AttributeError, TypeError):
