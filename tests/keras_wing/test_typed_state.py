@@ -230,12 +230,11 @@ def test_a_changed_schedule_or_regularizer_held_by_a_keras_object_is_seen():
         model = keras.Sequential([keras.Input((2,)), dense])
         opt = keras.optimizers.SGD(schedule)
         opt.build(model.trainable_variables)
-    del schedule
     traces = []
-    step = _stateless_step(strategy, model, traces, lambda: opt._learning_rate(0))
+    step = _stateless_step(strategy, model, traces, lambda: opt.learning_rate)
     x = np.ones((4, 2), np.float32)
     assert float(step(x)) == float(step(x)) == 8.0 + 1.0
-    opt._learning_rate.initial_learning_rate = 2.0
+    schedule.initial_learning_rate = 2.0  # (the optimizer's own: reached through it)
     np.testing.assert_allclose(float(step(x)), 16.0 + 1.0)
     dense.kernel_regularizer.l2 = 1.0
     np.testing.assert_allclose(float(step(x)), 16.0 + 2.0)
