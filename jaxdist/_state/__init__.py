@@ -4,7 +4,8 @@ Where a step (an eager ``strategy.run`` step, or a ``jd.function``) reads arrays
 numbers from its closure, globals and object (`capture`, opening each object with `reach`,
 through `peek`, which runs no user code, guided by the names the code uses: `names`),
 reading it again there on every call (`chains`, which also names a place as Python reads
-it), the Python values its trace depends on (`watch`; words for its checks: `checks`), when
+it), what a trace reads as it runs (`record`, over `frames`: the frames it enters), the
+Python values its trace depends on (`watch`; words for its checks: `checks`), when
 two functions are the same step and whether a watched one still is (`keys`), the values in
 library objects that a write barrier guards (`typed`: a Keras layer's), its numbers as
 program inputs (`promote`), writing at those places and what a trace assigned (`assign`), a

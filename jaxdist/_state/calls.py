@@ -90,6 +90,7 @@ class Calls:
     _lifted: list  # ``(const index, chain, shape, dtype)`` of the captured arrays
     _written: list  # the numbers the step wrote (`jaxdist._state.promote.Swapped`)
     _assigned: list  # ``(chain, treedef, leaves)`` of what it assigned (``writes``)
+    _copied: list  # ``(output, number)``: the outputs that are a number input as it is
     _moved: list  # ``(chain, source chain)``: an array of the state it put elsewhere
     _jaxpr: Any
     _types: list  # the numbers' types
@@ -147,6 +148,11 @@ class Calls:
         if self._replica is not None:  # a replica step's: one value or a PerReplica each
             written, rules = self._replica.written, self._rules(fn)
             it = iter([written(x, v, r) for x, v, r in zip(it, self._written_varies, rules)])
+        if self._copied:  # a number input assigned as it is: the number it was
+            values = list(it)
+            for k, j in self._copied:
+                values[k] = _promote.as_number(values[k], self._types[j])
+            it = iter(values)
         for chain, treedef, leaves in self._assigned:
             value = treedef.unflatten([next(it) if x is None else _fresh(x) for x in leaves])
             _assign.replace(fn, chain, value, undo=False)

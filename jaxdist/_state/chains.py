@@ -26,6 +26,7 @@ state afresh (`jaxdist._state.watch`, `jaxdist._state.promote`, `jaxdist._state.
 
 from __future__ import annotations
 
+import enum
 import functools
 import sys
 import types
@@ -200,6 +201,10 @@ def describe(fn: Callable, chain: Chain) -> str:
             out = (out or _name(obj)) + f".{key[0]}" + " of a base" * key[1]
         elif kind == "wrapped":
             out = (out or _name(obj)) + ".__wrapped__"
+        elif kind == "type":
+            out = f"type({out or _name(obj)})"
+        elif kind == "import":
+            out = key
         elif kind == "item":
             out += f"[{key!r}]"
         elif kind == "child":
@@ -229,6 +234,27 @@ class Fetcher:
 
 
 # links that are one attribute or item read: written into the compiled walk as they are
+def _plain_key(key: Any) -> bool:
+    """A key whose hash and equality run no code of the program (a built-in's)."""
+    if type(key) is tuple:
+        return all(_plain_key(k) for k in key)
+    return type(key) in _PLAIN_KEYS or _peek.is_a(key, (enum.Enum, type))
+
+
+_PLAIN_KEYS = frozenset((str, int, float, bool, bytes, complex, type(None), frozenset))
+
+
+def item_by_identity(obj: Any, key: Any) -> Any:
+    """``obj[key]`` for a mapping, the entry whose key *is* ``key`` found without hashing
+    it (a key of the program's class: its ``__hash__`` is not run on every call)."""
+    if _peek.is_a(obj, dict):
+        for held, value in dict.items(obj):
+            if held is key:
+                return value
+        raise Gone("the key is no longer in the mapping")
+    return _peek.item(obj, key)
+
+
 _INLINE = {
     "self": "{o}.__self__",
     "func": "{o}.__func__",
@@ -247,6 +273,7 @@ _INLINE_NAMES = {
     "D": _peek.instance_dict,
     "E": types.MappingProxyType({}),
     "I": _peek.item,
+    "IK": item_by_identity,
 }
 
 
@@ -331,6 +358,8 @@ def _emit(node: dict, depth: int, lines: list, names: dict, end: Callable) -> No
         k = len(names)
         names[f"k{k}"] = key
         template = _INLINE.get(kind)
+        if kind == "item" and not _plain_key(key):  # a key of the program's class: its
+            template = "IK({o}, {k})"  # own ``__hash__`` and ``__eq__`` are not run
         if template is None:
             names[f"s{k}"] = _STEPS.get(kind, _unknown)
             template = f"s{k}({{o}}, {{k}})"
@@ -386,10 +415,11 @@ _STEPS: dict[str, Callable[[Any, Any], Any]] = {
     "pkw": lambda o, k: o.keywords[k],
     "cell": lambda o, k: o.__closure__[k].cell_contents,
     "global": lambda o, k: o.__globals__[k],
-    "item": _peek.item,
+    "item": lambda o, k: _peek.item(o, k) if _plain_key(k) else item_by_identity(o, k),
     "attr": lambda o, k: (_peek.instance_dict(o) or {})[k],
     "getattr": lambda o, k: _peek.safe_getattr(o, k),
     "import": lambda o, k: sys.modules[k],
+    "type": lambda o, k: type(o),
     "fattr": lambda o, k: o.__dict__[k],
     "deref": lambda o, k: o() if type(o) is weakref.ref else _gone(),
     "flat": lambda o, k: o.ravel()[k] if _peek.is_a(o, np.ndarray) else _gone(),

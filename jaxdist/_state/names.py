@@ -144,6 +144,8 @@ def _users(filename: str) -> bool:
     or jaxdist itself."""
     if "site-packages" in filename or "dist-packages" in filename:
         return False
+    if filename.startswith("<frozen "):  # the standard library's frozen modules (abc, os)
+        return False
     return not filename.startswith((_PACKAGE, _STDLIB))
 
 

@@ -145,11 +145,11 @@ def writable(fn: Callable, chain: Chain) -> bool:
     if kind == "item":
         if _rebuildable(parent):
             return len(chain) > 1 and writable(fn, chain[:-1])
-        return type(parent) in (dict, list) or _peek.is_a(parent, (dict, list))
+        return type(parent) in (dict, list) or _peek.is_a(parent, (dict, list, collections.deque))
     if kind == "attr":
         return _peek.instance_dict(parent) is not None
-    if kind == "getattr":
-        return _peek.is_a(parent, type)
+    if kind == "getattr":  # a class's data, or an object's slot
+        return _peek.is_a(parent, type) or _slot(parent, key) is not None
     if kind in ("default", "kwdefault"):  # (a function's defaults: a tuple made again, a dict)
         return type(parent) is types.FunctionType
     if kind == "child":  # a registered pytree's field held in its object's own dict
@@ -198,7 +198,23 @@ def _place(fn: Callable, chain: Chain) -> Chain:
 
 
 def _set_item(parent: Any, key: Any, value: Any) -> None:
+    if _peek.is_a(parent, collections.deque):
+        collections.deque.__setitem__(parent, key, value)
+        return
     (dict.__setitem__ if _peek.is_a(parent, dict) else list.__setitem__)(parent, key, value)
+
+
+def _slot(obj: Any, name: str) -> Any:
+    """The slot ``name`` of ``obj``'s class (a ``__slots__`` entry), None if it has none."""
+    found = _peek.type_lookup(type(obj), name)
+    return found if type(found) is types.MemberDescriptorType else None
+
+
+def _set_getattr(obj: Any, name: str, value: Any) -> None:
+    if _peek.is_a(obj, type):
+        type.__setattr__(obj, name, value)
+    else:  # a slot: its descriptor stores it (no code of the class runs)
+        _slot(obj, name).__set__(obj, value)
 
 
 _SETTERS: dict[str, Callable[[Any, Any, Any], None]] = {
@@ -207,7 +223,7 @@ _SETTERS: dict[str, Callable[[Any, Any, Any], None]] = {
     "global": lambda o, k, v: o.__globals__.__setitem__(k, v),
     "cell": lambda o, k, v: setattr(o.__closure__[k], "cell_contents", v),
     "fattr": lambda o, k, v: o.__dict__.__setitem__(k, v),
-    "getattr": lambda o, k, v: type.__setattr__(o, k, v),
+    "getattr": _set_getattr,
     "default": lambda o, k, v: setattr(o, "__defaults__", _with(o.__defaults__, k, v)),
     "kwdefault": lambda o, k, v: o.__kwdefaults__.__setitem__(k, v),
     "child": lambda o, k, v: (_peek.instance_dict(o) or {}).__setitem__(k[2], v),
@@ -312,6 +328,14 @@ def put_number(fn: Callable, chain: Chain, kind: type) -> None:
         return
     if type(value) is not kind and _peek.is_a(value, (jax.Array, np.ndarray)) and value.size:
         put(fn, chain, kind(np.asarray(value).reshape(-1)[0].item()))
+
+
+def as_number(value: Any, kind: type) -> Any:
+    """``value`` (a program's output: an array of one element) as a number of type
+    ``kind``, as Python assigned it; anything else as it is."""
+    if _peek.is_a(value, (jax.Array, np.ndarray)) and value.size == 1:
+        return kind(np.asarray(value).reshape(-1)[0].item())
+    return value
 
 
 def write_back(fn: Callable, chains: Sequence[Chain], written: list, values: list) -> None:

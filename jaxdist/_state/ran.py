@@ -33,13 +33,13 @@ from __future__ import annotations
 import dis
 import functools
 import os
-import sys
 import threading
 import types
 from collections.abc import Callable, Collection
 from typing import Any
 
 from jaxdist._state import chains as _chains
+from jaxdist._state import frames as _frames
 from jaxdist._state import names as _names
 from jaxdist._state import peek as _peek
 
@@ -89,36 +89,23 @@ def begin(fn: Callable) -> Any:
     if record is None:
         return None
     record.traces += 1
-    active = getattr(_local, "active", None)
-    if active is not None and sys.getprofile() is active[1]:
-        return record, active, False  # inside another recorded trace: its set gathers all
-    if sys.getprofile() is not None:  # another profiler: the trace is not followed
-        record.complete = False
-        return None
     codes: set[types.CodeType] = set()
     add = codes.add
-
-    def profile(frame: types.FrameType, event: str, arg: Any) -> None:
-        if event == "call":
-            add(frame.f_code)
-
-    _local.active = (codes, profile)
-    sys.setprofile(profile)
-    return record, _local.active, True
+    token = _frames.listen(lambda frame: add(frame.f_code))
+    if token is None:  # another profiler: the trace is not followed
+        record.complete = False
+        return None
+    return record, codes, token
 
 
 def end(token: Any) -> None:
     """Ends `begin`'s recording: the code run so far is the record's."""
     if token is None:
         return
-    record, (codes, profile), own = token
-    if sys.getprofile() is not profile:  # set to another during the trace: not followed
+    record, codes, listening = token
+    if not _frames.stop(listening):  # another profiler set during the trace: not followed
         record.complete = False
     record.ran |= codes
-    if own:
-        if sys.getprofile() is profile:
-            sys.setprofile(None)
-        _local.active = None
 
 
 def take(fn: Callable) -> Record | None:

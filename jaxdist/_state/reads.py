@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from jaxdist._base.validate import describe
+from jaxdist._state import chains as _chains
 
 
 def warn_unfound_arrays(fn: Callable, unfound: list) -> None:
@@ -63,6 +64,24 @@ def warn_numpy_copies(fn: Callable, unfound: list, strided: list) -> None:
         "of the compiled step, so a later change of the data it came from is not seen. "
         "Use jax.numpy on the state instead (jnp.exp(self.w), jnp.asarray(table)[1]), "
         "or pass the result to strategy.run as an argument.",
+        RuntimeWarning,
+        stacklevel=5,
+    )
+
+
+def warn_drawn(fn: Callable, where: list) -> None:
+    """Warns once per trace where the step read an iterator or a random generator of its
+    state (``next(self.schedule)``, ``self.rng.normal()``: `jaxdist._state.record`): what
+    the trace took from it was taken once, when it was traced, and every call of the
+    program reuses it."""
+    if not where:
+        return
+    names = ", ".join(_chains.describe_safely(fn, c) for c in where[:3])
+    warnings.warn(
+        f"The step {describe(fn)} takes values from {names} (an iterator or a random "
+        "generator) while it is traced: what it took is a constant of the compiled step, "
+        "the same on every call. Draw the values outside the step and pass them to "
+        "strategy.run as arguments (or use jax.random with a key passed in).",
         RuntimeWarning,
         stacklevel=5,
     )

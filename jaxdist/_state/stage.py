@@ -43,6 +43,7 @@ from jaxdist._state import checks as _checks
 from jaxdist._state import promote as _promote
 from jaxdist._state import reads as _reads
 from jaxdist._state import recheck as _recheck
+from jaxdist._state import record as _record
 from jaxdist._state import replica as _replica
 from jaxdist._state import typed as _typed
 from jaxdist._state import watch as _watch
@@ -119,7 +120,10 @@ class Staged(Calls):
     ) -> None:
         # the Python values read before the trace: a step that changes one (``self.n +=
         # 1``) makes the number an input of the program (`jaxdist._state.promote`)
-        watched = _watch.watch(fn)
+        seen: list = []
+        watched = _watch.watch(fn, seen)
+        self._recording: Any = _record.Recording(fn, seen)  # what the traces read, as they run
+        del seen
         _retrace_jitted_helpers(watched)
         first = _promote.promoted(fn) if numbers else ()
         before = {id(a): a for a in jax.live_arrays()}  # kept: no id is reused meanwhile
@@ -132,6 +136,8 @@ class Staged(Calls):
         dist = [] if replica is None else _replica.places(fn, replica.num)
         rows = [(c, _replica.row_spec(v)) for c, v in dist]
         closed, numbers_used = self._trace(fn, body, examples, axis_env, first, rows)
+        own = watched  # (the walk's; then what the trace was seen to read)
+        watched += _watch.recorded(fn, self._recording.reads, own)
         counters = _watch.moved_numbers(fn, watched) if numbers else []
         if counters and _promote.remember(fn, counters):  # numbers the step changed
             for chain, value, _ in watched:
@@ -167,7 +173,11 @@ class Staged(Calls):
         self._swaps += [(c, a.shape, a.dtype) for c, a in swaps]
         self._types = [type(_chains.fetch(fn, c)) for c in numbers_used]
         self._promote = numbers
-        self._watched = tuple(w for w in _watch.settle(fn, watched) if w[0] not in numbers_used)
+        recorded = _watch.unchanged_sizes(fn, _watch.recorded(fn, self._recording.reads, own))
+        settled = _watch.settle(fn, own) + recorded
+        self._watched = tuple(w for w in settled if w[0] not in numbers_used)
+        _reads.warn_drawn(fn, [c for c, _ in self._recording.drawn])
+        self._recording = None
         self._checker = _typed.Guarded(fn, self._watched, _watch.Checker)
         where = _watch.leaked(fn)
         if where is not None:
@@ -261,6 +271,7 @@ class Staged(Calls):
         last inputs and the numbers the step wrote the last outputs (`jaxdist._state.hostnum`)."""
         self._written: list = []
         self._assigned: list = []
+        self._copied: list = []  # ``(output, number)``: a number input assigned as it is
         self._moved: list = []  # ``(chain, source chain)``: `jaxdist._state.assign.moved_places`
         chains = [c for c, _ in swaps]
 
@@ -271,7 +282,8 @@ class Staged(Calls):
                 with _assign.Swapped(fn, chains, list(mine)) as arrays:
                     before = _assign.snapshot(fn) if self._writes else {}
                     try:
-                        outs = list(body(*args[:k]))
+                        with self._recording:
+                            outs = list(body(*args[:k]))
                     except BaseException:
                         if self._writes:  # what it assigned before failing is put back
                             with contextlib.suppress(RuntimeError):  # (its own error is the one)
@@ -281,7 +293,8 @@ class Staged(Calls):
                     if not self._writes and arrays.written:
                         where = _chains.describe(fn, chains[arrays.written[0][0]])
                         raise _reads.stored_tracer(fn, where)
-                    extra = self._take_assigned(fn, before, set(numbers)) if self._writes else []
+                    skip = set(numbers)
+                    extra = self._take_assigned(fn, before, skip, nums) if self._writes else []
             self._written = swap.written
             return outs + extra + [jax.numpy.asarray(v) for _, v in swap.written]
 
@@ -299,13 +312,18 @@ class Staged(Calls):
         finally:
             release()
 
-    def _take_assigned(self, fn: Callable, before: dict, skip: set) -> list:
+    def _take_assigned(self, fn: Callable, before: dict, skip: set, numbers=()) -> list:
         """What the traced function assigned into its state (``self.params = new``): the
-        places recorded for `write_back`, the objects put back, the new arrays returned."""
+        places recorded for `write_back`, the objects put back, the new arrays returned;
+        where one is a number input itself (``self.last_lr = self.lr``), it is noted, to be
+        written back as the number it was (`jaxdist._state.calls`)."""
         records, out = _assign.take_assigned(
             fn, before, skip, _refuse_appends, constants=True, moved=self._moved
         )
+        base = sum(sum(1 for x in leaves if x is None) for _, _, leaves in self._assigned)
         self._assigned += records
+        index = {id(t): j for j, t in enumerate(numbers)}
+        self._copied += [(base + k, index[id(x)]) for k, x in enumerate(out) if id(x) in index]
         return out
 
     def _trace_static(

@@ -12,7 +12,9 @@ the same step `jaxdist._state.keys`'s.
 from __future__ import annotations
 
 import collections
+import decimal
 import enum
+import fractions
 import functools
 import types
 import warnings
@@ -44,10 +46,11 @@ def leaked(fn: Callable) -> str | None:
     return None
 
 
-def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
+def watch(fn: Callable, seen: list | None = None) -> tuple[tuple[Chain, Any, str], ...]:
     """The Python numbers, strings and functions ``fn`` reads from its state (through
     names its code uses, a few levels deep), with their values now, and the classes of
     the objects it reads there. A trace depends on them: `changed` tells when one moved.
+    ``seen``, where given, gets every ``(chain, value)`` the walk reached.
 
     Values: numbers, strings, None, NumPy scalars and 0-d arrays (JAX inlines those in
     the program, so they are compared by value, a copy being kept); the members of a set
@@ -73,33 +76,19 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
     limits: dict = {}
     opaque = []
     walked = list(_capture.walk(fn, named, limits))
+    if seen is not None:
+        seen += walked
     probes = _names.probed(named)  # attributes the code may find absent
     for chain, value in walked:
         if _peek.is_a(value, _capture.OPAQUE):
             opaque.append(chain)
         if _peek.is_a(value, types.ModuleType) and not _capture.user_module(value):
             libraries.append((chain, value))
-        if _peek.is_a(value, np.ndarray) and value.ndim == 0 and value.dtype != object:
-            out.append((chain, value.copy(), "value"))
-        elif type(value) in _EXACT or _peek.is_a(value, np.generic):
-            out.append((chain, value, "value"))
-        elif _peek.is_a(value, enum.Enum):  # ``self.phase = Phase.EVAL``: its member
-            out.append((chain, value, "member"))
-        elif _peek.is_a(value, (set, frozenset)):  # ``self.frozen.add(name)``: a copy
-            out.append((chain, (type(value), frozenset(value)), "set"))
-        elif _peek.is_a(value, (list, dict, functools.partial, tuple, collections.deque)):
-            out.append((chain, size(value), "size"))  # an entry more: ``for w in self.ws``
-        elif _peek.is_a(value, _PARTS):
-            continue  # arrays are inputs; tuples, methods: their parts
-        elif _tree_def(value) is not None:  # a pytree node (an nnx.Param): its structure
-            out.append((chain, _tree_def(value), "tree"))
-        elif _peek.instance_dict(value) is not None and not _plain_callable(value):
-            out.append((chain, type(value), "type"))
-            out += _absent(chain, value, probes) if probes else []
-        elif type(value) is types.FunctionType:  # the same code over the same captures
-            out.append((chain, function_key(value), "code"))
-        elif callable(value):
-            out.append(_identity(chain, value))
+        entry = classify(chain, value)
+        if entry is not None:
+            out.append(entry)
+            if entry[2] == "type" and probes:
+                out += _absent(chain, value, probes)
     out += _library_values(libraries, named)
     keys = named | _code_strings(fn)
     by_name = _names.BY_NAME in named
@@ -118,6 +107,70 @@ def watch(fn: Callable) -> tuple[tuple[Chain, Any, str], ...]:
             stacklevel=6,
         )
     return _bounded(fn, out)
+
+
+def classify(chain: Chain, value: Any) -> tuple[Chain, Any, str] | None:
+    """How a trace depends on ``value``, read at ``chain``: `watch`'s entry for it (the
+    value kept and how it is compared), None where it is not compared (arrays and
+    tracers: inputs; modules, classes, methods: their parts are).
+
+    >>> classify((("global", "lr"),), 0.1)
+    ((('global', 'lr'),), 0.1, 'value')
+    >>> classify((("global", "w"),), np.ones(3)) is None
+    True
+    """
+    if _peek.is_a(value, np.ndarray) and value.ndim == 0 and value.dtype != object:
+        return chain, value.copy(), "value"
+    if type(value) in _EXACT or _peek.is_a(value, np.generic) or type(value) in _NUMBERS:
+        return chain, value, "value"
+    if _peek.is_a(value, enum.Enum):  # ``self.phase = Phase.EVAL``: its member
+        return chain, value, "member"
+    if _peek.is_a(value, (set, frozenset)):  # ``self.frozen.add(name)``: a copy
+        return chain, (type(value), frozenset(value)), "set"
+    if _peek.is_a(value, (list, dict, functools.partial, tuple, collections.deque)):
+        return chain, size(value), "size"  # an entry more: ``for w in self.ws``
+    if _peek.is_a(value, _PARTS):
+        return None  # arrays are inputs; tuples, methods: their parts
+    if by_identity(type(value)):  # a strategy: itself
+        return _identity(chain, value)
+    if _tree_def(value) is not None:  # a pytree node (an nnx.Param): its structure
+        return chain, _tree_def(value), "tree"
+    if _peek.instance_dict(value) is not None and not _plain_callable(value):
+        return chain, type(value), "type"
+    if type(value) is types.FunctionType:  # the same code over the same captures
+        return chain, function_key(value), "code"
+    return _identity(chain, value) if callable(value) else None
+
+
+def recorded(fn: Callable, reads: dict, watched: tuple) -> tuple:
+    """The entries of the values a trace was seen to read (`jaxdist._state.record`:
+    ``{chain: value}``) that ``watched`` does not hold already (at another chain to the
+    same place), as `watch` makes them."""
+    places = {place(fn, chain) for chain, _, _ in watched}
+    out = []
+    for chain, value in reads.items():
+        entry = classify(chain, value)
+        if entry is not None and place(fn, chain) not in places:
+            out.append(entry)
+    return tuple(out)
+
+
+def place(fn: Callable, chain: Chain) -> Any:
+    """Where ``chain`` ends, as ``(id of what holds it, key)``: two chains to one global,
+    one through a function's globals and one through its module, are one place."""
+    if not chain:
+        return None
+    try:
+        parent = _chains.fetch(fn, chain[:-1])
+    except _chains.Gone:
+        return None
+    kind, key = chain[-1]
+    if kind == "global":
+        return id(parent.__globals__), key
+    if kind in ("attr", "getattr", "fattr"):
+        held = _peek.instance_dict(parent)
+        return (id(held) if held is not None and key in held else id(parent)), key
+    return (id(parent), key) if kind == "item" else (id(parent), kind, key)
 
 
 def _bounded(fn: Callable, out: list) -> tuple:
@@ -228,6 +281,30 @@ def _warn_opaque(fn: Callable, chains: list) -> None:
     )
 
 
+def by_identity(cls: type) -> bool:
+    """Whether `watch` compares the objects of ``cls`` by identity, not by class: a class
+    whose ``__jaxdist_identity__`` is true says so. A trace is of one strategy (its
+    replicas, its devices), so a global ``strategy`` rebound to another one, of the same
+    class, is a new trace.
+
+    >>> class Topology:
+    ...     __jaxdist_identity__ = True
+    >>> held = {"t": Topology()}
+    >>> step = lambda x: (held["t"], x)[1]
+    >>> seen = watch(step)
+    >>> held["t"] = Topology()
+    >>> by_identity(Topology), changed(step, seen)
+    (True, True)
+    """
+    found = _IDENTIFIED.get(cls)
+    if found is None:
+        found = _IDENTIFIED[cls] = bool(_peek.type_lookup(cls, "__jaxdist_identity__"))
+    return found
+
+
+_IDENTIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # `by_identity`'s answers
+
+
 def _identity(chain: Chain, value: Any) -> tuple[Chain, Any, str]:
     """A callable watched by identity, held weakly where it can be (a jitted bound
     method of the step's object, ``self.act = jax.jit(self._act)``, would keep the
@@ -311,6 +388,7 @@ _PARTS = (
     functools.partial,  # ``self.f = self.g`` is the same), a partial's function and arguments
 )
 _EXACT = frozenset((bool, int, float, complex, str, type(None)))  # not subclasses: no __eq__
+_NUMBERS = frozenset((decimal.Decimal, fractions.Fraction))  # the standard library's: its ==
 _MAX_WATCHED = 4096  # about 2 ms a call to check (`Checker`), past it a warning
 # numbers first in the bound
 _ORDER = {
@@ -474,6 +552,13 @@ def moved_numbers(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> 
             continue
         if is_number(now) and not _equal(now, value):
             out.append(chain)
+    # a container's numbers move together (a deque shifted by an append, a table
+    # refilled): its other numbers are inputs too, not one trace more each
+    moved = {c[:-1] for c in out if c[-1][0] == "item"}
+    for chain, value, how in watched if moved else ():
+        if how == "value" and is_number(value) and chain[-1][0] == "item":
+            if chain[:-1] in moved and chain not in out:
+                out.append(chain)
     return out
 
 
@@ -484,6 +569,12 @@ def settle(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> tuple:
     as TF eager counts. Less, too, what the trace did not read: the values reached only
     by names of code nested in the step that did not run during the trace (a callback's
     lambda, `jaxdist._state.ran`), where the trace recorded the code it ran."""
+    return tuple(_unread(fn, list(unchanged_sizes(fn, watched))))
+
+
+def unchanged_sizes(fn: Callable, watched: tuple) -> tuple:
+    """``watched`` less the sizes that changed since they were recorded (`settle`'s
+    first rule: what the trace appended to is its output)."""
     out = []
     for chain, value, how in watched:
         if how == "size":
@@ -493,7 +584,7 @@ def settle(fn: Callable, watched: tuple[tuple[Chain, Any, str], ...]) -> tuple:
             except _chains.Gone:
                 continue
         out.append((chain, value, how))
-    return tuple(_unread(fn, out))
+    return tuple(out)
 
 
 def size(x: Any) -> Any:

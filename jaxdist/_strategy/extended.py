@@ -45,6 +45,9 @@ class StrategyExtended:
     ('/job:localhost/replica:0/task:0/device:CPU:0', '/job:localhost/replica:0/task:0/device:CPU:1')
     """
 
+    # a trace is of one strategy: another in its place (a global rebound) is a new trace
+    __jaxdist_identity__ = True
+
     def __init__(
         self,
         strategy: Any,

@@ -45,6 +45,8 @@ class Strategy:
     """
 
     _is_default = False  # the default strategy's (no scope active): its errors say so
+    # a trace is of one strategy: another in its place (a global rebound) is a new trace
+    __jaxdist_identity__ = True
 
     def __init__(self, extended: StrategyExtended) -> None:
         self._extended = extended

@@ -101,15 +101,7 @@ def test_keras_classes_are_typed_and_a_steady_step_draws_no_epoch(n):
         "set_item",
         "dict",
         "config",
-        pytest.param(
-            "config_in_place",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="an object of the program's held by a layer and changed with no barrier "
-                "is found only by the walk, which does not follow Keras' __call__ into the "
-                "layer's code: recording the trace's reads is what would see it",
-            ),
-        ),
+        "config_in_place",  # (the trace's reads, recorded: `jaxdist._state.record`)
     ],
 )
 def test_a_change_to_a_keras_object_is_seen_by_the_next_call(n, change):
