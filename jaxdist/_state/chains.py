@@ -233,7 +233,6 @@ class Fetcher:
         return self._walk(fn)
 
 
-# links that are one attribute or item read: written into the compiled walk as they are
 def _plain_key(key: Any) -> bool:
     """A key whose hash and equality run no code of the program (a built-in's)."""
     if type(key) is tuple:
@@ -255,6 +254,7 @@ def item_by_identity(obj: Any, key: Any) -> Any:
     return _peek.item(obj, key)
 
 
+# links that are one attribute or item read: written into the compiled walk as they are
 _INLINE = {
     "self": "{o}.__self__",
     "func": "{o}.__func__",

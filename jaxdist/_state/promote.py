@@ -327,7 +327,7 @@ def put_number(fn: Callable, chain: Chain, kind: type) -> None:
     except _chains.Gone:
         return
     if type(value) is not kind and _peek.is_a(value, (jax.Array, np.ndarray)) and value.size:
-        put(fn, chain, kind(np.asarray(value).reshape(-1)[0].item()))
+        put(fn, chain, as_number(value.reshape(-1)[:1], kind))
 
 
 def as_number(value: Any, kind: type) -> Any:

@@ -293,8 +293,9 @@ class Staged(Calls):
                     if not self._writes and arrays.written:
                         where = _chains.describe(fn, chains[arrays.written[0][0]])
                         raise _reads.stored_tracer(fn, where)
-                    skip = set(numbers)
-                    extra = self._take_assigned(fn, before, skip, nums) if self._writes else []
+                    extra = (
+                        self._take_assigned(fn, before, set(numbers), nums) if self._writes else []
+                    )
             self._written = swap.written
             return outs + extra + [jax.numpy.asarray(v) for _, v in swap.written]
 
